@@ -1,0 +1,5 @@
+import sys
+
+from mpiring.cli import main
+
+sys.exit(main())

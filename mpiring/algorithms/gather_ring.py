@@ -1,0 +1,69 @@
+"""Ring gather: every rank's block travels along the ring to the root, the farthest first.
+
+Cost: (p-1) alpha + (p-1)/p n beta      (n bytes gathered, p ranks)
+The root receives (p-1)/p n bytes. The rank at position q (q steps right of the root) sends the
+blocks of positions 1..q (its own and the ones it forwards) and receives those of 1..q-1.
+
+Step s: position q sends block q-s (its own at s=0, then the one it received at s-1); the root
+receives block p-1-s from its left neighbour straight into the result.
+
+    root r0, 4 ranks, blocks named by their owner
+
+    step 0:  r1 ─1─► r2    r2 ─2─► r3    r3 ─3─► r0
+    step 1:                r2 ─1─► r3    r3 ─2─► r0
+    step 2:                              r3 ─1─► r0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.backend import NumpyBackend
+from mpiring.ring import Ring, Steps
+
+
+def gather_steps(
+    ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
+) -> Steps:
+    """Gather flat `own` blocks into flat `out` at `root` (block of rank k: bounds[k]:bounds[k+1]).
+
+    `out` is only used on the root; other ranks may pass None.
+    """
+    p = ring.size
+    q = ring.position(root)
+
+    def block(position: int) -> tuple[int, int]:
+        k = ring.rank_at(position, root)
+        return bounds[k], bounds[k + 1]
+
+    if q == 0:
+        lo, hi = block(0)
+        backend.copy(out[lo:hi], own)
+        for s in range(p - 1):
+            lo, hi = block(p - 1 - s)
+            yield ring.post(backend, tag, receives=[(out[lo:hi], ring.left)])
+        return
+    # Blocks of positions 1..q-1 pass through this rank: stage them in one scratch buffer.
+    offsets = {}
+    staged = 0
+    for position in range(1, q):
+        lo, hi = block(position)
+        offsets[position] = (staged, staged + hi - lo)
+        staged += hi - lo
+    scratch = backend.empty(staged, own.dtype)
+    outgoing = own
+    for s in range(q):
+        receives = []
+        if s < q - 1:
+            a, b = offsets[q - 1 - s]
+            receives.append((scratch[a:b], ring.left))
+        yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=receives)
+        if receives:
+            outgoing = receives[0][0]
+
+
+def gather_ring(
+    ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
+) -> Steps:
+    """The gather collective's ring algorithm (see the module docstring)."""
+    yield from gather_steps(ring, backend, tag, root, own, out, bounds)

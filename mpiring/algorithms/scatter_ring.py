@@ -1,0 +1,69 @@
+"""Ring scatter: the root sends each block along the ring to its owner, the farthest first.
+
+Cost: (p-1) alpha + (p-1)/p n beta      (n bytes scattered, p ranks)
+The root sends (p-1)/p n bytes. The rank at position q receives the blocks of positions
+q..p-1 and forwards those of q+1..p-1. The inverse of the ring gather.
+
+Step t: the root sends block p-1-t; position q receives block q+p-2-t from its left (the last
+one, at t = p-2, is its own, received straight into the result) and forwards what it
+received the step before.
+
+    root r0, 4 ranks, blocks named by their owner
+
+    step 0:  r0 ─3─► r1
+    step 1:  r0 ─2─► r1 ─3─► r2
+    step 2:  r0 ─1─► r1 ─2─► r2 ─3─► r3
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.backend import NumpyBackend
+from mpiring.ring import Ring, Steps
+
+
+def scatter_steps(
+    ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, mine: Any, bounds: list[int]
+) -> Steps:
+    """Scatter flat `src` (root only; block of rank k: bounds[k]:bounds[k+1]) into flat `mine`."""
+    p = ring.size
+    q = ring.position(root)
+
+    def block(position: int) -> tuple[int, int]:
+        k = ring.rank_at(position, root)
+        return bounds[k], bounds[k + 1]
+
+    if q == 0:
+        lo, hi = block(0)
+        backend.copy(mine, src[lo:hi])
+        for t in range(p - 1):
+            lo, hi = block(p - 1 - t)
+            yield ring.post(backend, tag, sends=[(src[lo:hi], ring.right)])
+        return
+    # Blocks of positions q+1..p-1 pass through this rank: stage them in one scratch buffer.
+    offsets = {}
+    staged = 0
+    for position in range(q + 1, p):
+        lo, hi = block(position)
+        offsets[position] = (staged, staged + hi - lo)
+        staged += hi - lo
+    scratch = backend.empty(staged, mine.dtype)
+    outgoing = None
+    for t in range(q - 1, p - 1):
+        position = q + p - 2 - t
+        if position == q:
+            incoming = mine
+        else:
+            a, b = offsets[position]
+            incoming = scratch[a:b]
+        sends = [(outgoing, ring.right)] if outgoing is not None else []
+        yield ring.post(backend, tag, sends=sends, receives=[(incoming, ring.left)])
+        outgoing = incoming
+
+
+def scatter_ring(
+    ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, mine: Any, bounds: list[int]
+) -> Steps:
+    """The scatter collective's ring algorithm (see the module docstring)."""
+    yield from scatter_steps(ring, backend, tag, root, src, mine, bounds)

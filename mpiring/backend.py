@@ -1,0 +1,73 @@
+"""The one seam between the algorithms and an array module (NumPy on the host, CuPy on a GPU).
+
+Algorithm code never imports an array module: it allocates, combines and copies through the
+`Backend` of the arrays it was given, and hands buffers to MPI through `Backend.message`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy
+from mpi4py import MPI
+
+from mpiring.ops import AVG, UFUNC_NAMES
+
+# The dtypes every collective accepts: bool, signed and unsigned ints, float16/32/64, complex64/128.
+SUPPORTED_DTYPES = tuple(
+    numpy.dtype(name)
+    for name in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+)
+
+
+class NumpyBackend:
+    """Host buffers. MPI reads and writes them directly; nothing needs synchronizing."""
+
+    name = "numpy"
+    xp = numpy
+
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, numpy.ndarray)
+
+    def asarray(self, x: Any) -> numpy.ndarray:
+        return numpy.asarray(x)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: numpy.dtype) -> numpy.ndarray:
+        return numpy.empty(shape, dtype=dtype)
+
+    def flat(self, x: numpy.ndarray) -> numpy.ndarray:
+        """A 1-D view of a C-contiguous array (a copy only if it is not contiguous)."""
+        return numpy.ascontiguousarray(x).reshape(-1)
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        """out = a (op) b, elementwise, in the array's own dtype (integers wrap like NumPy)."""
+        getattr(self.xp, UFUNC_NAMES[op])(a, b, out=out)
+
+    def finish(self, op: str, buf: Any, world_size: int) -> None:
+        """The last touch of a fully reduced chunk: avg divides the sum by the world size."""
+        if op == AVG and buf.size:
+            self.xp.true_divide(buf, world_size, out=buf)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        self.xp.copyto(dst, src)
+
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        return bool(numpy.may_share_memory(a, b))
+
+    def ready_for_mpi(self) -> None:
+        """Make every pending write to buffers visible to MPI (a no-op on the host)."""
+
+    def message(self, buf: numpy.ndarray) -> list:
+        """The buffer as mpi4py wants it: raw bytes, so every dtype travels, float16 and bool too."""
+        return [buf, MPI.BYTE]
+
+
+NUMPY = NumpyBackend()
+
+
+def backend_for(x: Any) -> NumpyBackend:
+    """The backend that owns array `x` (array-likes that are not device arrays go to NumPy)."""
+    return NUMPY

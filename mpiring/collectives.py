@@ -1,0 +1,212 @@
+"""Each collective as one generator of steps: agree on the layout where ranks cannot know it
+alone, place the output, run the chosen algorithm, return the result.
+
+The public `Communicator` validates arguments and drives these generators; the algorithms in
+`mpiring.algorithms` only move and combine flat buffers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from mpiring.algorithms import ALGORITHMS
+from mpiring.algorithms.allgather_ring import allgather_steps
+from mpiring.algorithms.broadcast_ring import broadcast_steps
+from mpiring.backend import NUMPY, NumpyBackend
+from mpiring.errors import ArgumentError, CollectiveMismatchError
+from mpiring.ring import Ring, Steps, bounds_from_counts, split_bounds
+from mpiring.validation import check_out, out_problem
+
+# Per-rank record of the layout exchange that gather and allgather run first.
+LAYOUT_FIELDS = 3  # rows, signature (dtype and trailing shape), state of out= (see below)
+LAYOUT_BYTES = LAYOUT_FIELDS * 8
+_NO_OUT, _BAD_OUT = -1, -2
+
+# The header the scatter root sends ahead of the data: status, ndim, dtype, then the shape.
+_MAX_DIMS = 64
+HEADER_BYTES = (3 + _MAX_DIMS) * 8
+
+
+class Output:
+    """Where a collective writes: the caller's out= when it can take the writes directly,
+    otherwise a fresh array (copied into out= at the end).
+
+    Writing straight into out= needs it C-contiguous and not overlapping the input, except
+    when it *is* the input and the algorithm reads each input element before writing it
+    (`in_place_ok`).
+    """
+
+    def __init__(
+        self, backend: NumpyBackend, out: Any, shape: tuple[int, ...], dtype: Any,
+        source: Any = None, in_place_ok: bool = False,
+    ) -> None:
+        self._backend = backend
+        self._copy_into = None
+        direct = out is not None and out.flags.c_contiguous and (
+            source is None
+            or (in_place_ok and out is source)
+            or not backend.may_share_memory(out, source)
+        )
+        if direct:
+            self.array = out
+        else:
+            self.array = backend.empty(shape, dtype)
+            self._copy_into = out
+        self.flat = self.array.reshape(-1)
+
+    def result(self) -> Any:
+        if self._copy_into is None:
+            return self.array
+        self._backend.copy(self._copy_into, self.array)
+        return self._copy_into
+
+
+def _signature(dtype: Any, trailing: tuple[int, ...]) -> int:
+    return zlib.crc32(f"{dtype.str}|{trailing}".encode())
+
+
+def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
+    return f"dtype {dtype}, rows of shape {trailing}"
+
+
+def _exchange_layout(
+    ring: Ring, tag: int, collective: str, x: Any, out: Any, out_rows_needed: bool,
+    backend: NumpyBackend,
+) -> Steps:
+    """All-gather every rank's row count, and check that the ranks' arrays and out= fit together.
+
+    Returns the row counts. Raises the same error on every rank when they do not fit, since
+    every rank then holds the same table.
+    """
+    trailing = tuple(x.shape[1:])
+    out_state, own_problem = _NO_OUT, None
+    if out_rows_needed and out is not None:
+        own_problem = _out_problem_except_rows(out, trailing, x.dtype, backend)
+        out_state = _BAD_OUT if own_problem else out.shape[0]
+    p = ring.size
+    table = NUMPY.empty(p * LAYOUT_FIELDS, NUMPY.xp.int64)
+    table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
+    yield from allgather_steps(ring, NUMPY, tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    rows, signatures, out_states = table[0::3], table[1::3], table[2::3]
+    differing = [k for k in range(p) if signatures[k] != signatures[0]]
+    if differing:
+        raise CollectiveMismatchError(
+            collective,
+            f"ranks {differing} passed arrays whose dtype or row shape differs from rank 0's "
+            f"(this rank {ring.rank}: {_describe(x.dtype, trailing)})",
+        )
+    total = int(rows.sum())
+    for k in range(p):
+        if out_states[k] == _BAD_OUT:
+            problem = own_problem if k == ring.rank else f"rejected on rank {k} (see the error there)"
+            raise ArgumentError(collective, "out", problem)
+        if out_states[k] >= 0 and out_states[k] != total:
+            raise ArgumentError(
+                collective, "out", f"has {out_states[k]} rows on rank {k}, expected {total} (all ranks' rows)"
+            )
+    return [int(n) for n in rows]
+
+
+def _out_problem_except_rows(out: Any, trailing: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> str | None:
+    rows = out.shape[0] if backend.is_array(out) and out.ndim >= 1 else 0
+    return out_problem(out, (rows, *trailing), dtype, backend)
+
+
+def _row_size(shape: tuple[int, ...]) -> int:
+    size = 1
+    for extent in shape[1:]:
+        size *= extent
+    return size
+
+
+def broadcast(ring, backend, tag, algorithm, x, root, out) -> Steps:
+    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
+    if ring.rank == root and target.array is not x:
+        backend.copy(target.array, x)
+    yield from ALGORITHMS["broadcast"][algorithm](ring, backend, tag, root, target.flat)
+    return target.result()
+
+
+def reduce(ring, backend, tag, algorithm, x, op, root, out) -> Steps:
+    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True) if ring.rank == root else None
+    flat_out = target.flat if target else None
+    yield from ALGORITHMS["reduce"][algorithm](ring, backend, tag, root, backend.flat(x), flat_out, op)
+    return target.result() if target else None
+
+
+def allreduce(ring, backend, tag, algorithm, x, op, out) -> Steps:
+    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
+    yield from ALGORITHMS["allreduce"][algorithm](ring, backend, tag, backend.flat(x), target.flat, op)
+    return target.result()
+
+
+def reduce_scatter(ring, backend, tag, algorithm, x, op, out) -> Steps:
+    rows = split_bounds(x.shape[0], ring.size)
+    r = ring.rank
+    shape = (rows[r + 1] - rows[r], *x.shape[1:])
+    check_out("reduce_scatter", out, shape, x.dtype, backend)
+    target = Output(backend, out, shape, x.dtype, source=x)
+    bounds = [b * _row_size(x.shape) for b in rows]
+    yield from ALGORITHMS["reduce_scatter"][algorithm](ring, backend, tag, backend.flat(x), bounds, op, target.flat)
+    return target.result()
+
+
+def allgather(ring, backend, tag, algorithm, x, out) -> Steps:
+    rows = yield from _exchange_layout(ring, tag, "allgather", x, out, True, backend)
+    target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
+    bounds = bounds_from_counts(rows, _row_size(x.shape))
+    r = ring.rank
+    backend.copy(target.flat[bounds[r] : bounds[r + 1]], backend.flat(x))
+    yield from ALGORITHMS["allgather"][algorithm](ring, backend, tag, target.flat, bounds)
+    return target.result()
+
+
+def gather(ring, backend, tag, algorithm, x, root, out) -> Steps:
+    is_root = ring.rank == root
+    rows = yield from _exchange_layout(ring, tag, "gather", x, out if is_root else None, is_root, backend)
+    target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x) if is_root else None
+    bounds = bounds_from_counts(rows, _row_size(x.shape))
+    flat_out = target.flat if target else None
+    yield from ALGORITHMS["gather"][algorithm](ring, backend, tag, root, backend.flat(x), flat_out, bounds)
+    return target.result() if target else None
+
+
+def scatter(ring, backend, tag, algorithm, x, root, out, root_problem: ArgumentError | None) -> Steps:
+    """`x` matters on the root only; a problem with it there is sent to every rank in the header."""
+    header = NUMPY.empty(HEADER_BYTES // 8, NUMPY.xp.int64)
+    if ring.rank == root:
+        header[:] = 0
+        if root_problem is None:
+            header[0], header[1], header[2] = 0, x.ndim, _encode_dtype(x.dtype)
+            header[3 : 3 + x.ndim] = x.shape
+        else:
+            header[0] = 1
+    yield from broadcast_steps(ring, NUMPY, tag, root, header)
+    if header[0]:
+        if root_problem is not None:
+            raise root_problem
+        raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
+    ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
+    shape = tuple(int(n) for n in header[3 : 3 + ndim])
+    rows = split_bounds(shape[0], ring.size)
+    r = ring.rank
+    mine_shape = (rows[r + 1] - rows[r], *shape[1:])
+    check_out("scatter", out, mine_shape, dtype, backend)
+    target = Output(backend, out, mine_shape, dtype, source=x if ring.rank == root else None)
+    bounds = [b * _row_size(shape) for b in rows]
+    src = backend.flat(x) if ring.rank == root else None
+    yield from ALGORITHMS["scatter"][algorithm](ring, backend, tag, root, src, target.flat, bounds)
+    return target.result()
+
+
+def barrier(ring, tag, algorithm) -> Steps:
+    yield from ALGORITHMS["barrier"][algorithm](ring, tag)
+
+
+def _encode_dtype(dtype: Any) -> int:
+    return int.from_bytes(dtype.str.encode().ljust(8, b"\0"), "little")
+
+
+def _decode_dtype(code: int, backend: NumpyBackend) -> Any:
+    return backend.xp.dtype(code.to_bytes(8, "little").rstrip(b"\0").decode())

@@ -1,0 +1,44 @@
+"""Exceptions raised by mpiring. Every one names the collective that raised it."""
+
+from __future__ import annotations
+
+
+class MpiringError(Exception):
+    """Base class of every exception mpiring raises."""
+
+
+class ArgumentError(MpiringError, ValueError):
+    """A collective was called with an argument it cannot accept.
+
+    Raised on every rank that sees the bad argument, before any message moves, so the
+    communicator stays usable.
+    """
+
+    def __init__(self, collective: str, argument: str, problem: str) -> None:
+        self.collective = collective
+        self.argument = argument
+        super().__init__(f"{collective}: argument '{argument}': {problem}")
+
+
+class CommunicationError(MpiringError, RuntimeError):
+    """MPI reported an error, or a message did not have the size this rank expected.
+
+    The usual cause is ranks that passed different shapes, lengths or dtypes to the same
+    collective. mpiring raises instead of returning data that could be silently wrong.
+    """
+
+    def __init__(self, collective: str, problem: str) -> None:
+        self.collective = collective
+        super().__init__(f"{collective}: {problem}")
+
+
+class CollectiveMismatchError(MpiringError):
+    """Ranks called the same collective with arguments that do not fit together.
+
+    Raised on every rank, naming the ranks and what differs, instead of hanging or
+    returning wrong data.
+    """
+
+    def __init__(self, collective: str, problem: str) -> None:
+        self.collective = collective
+        super().__init__(f"{collective}: {problem}")

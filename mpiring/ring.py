@@ -1,0 +1,206 @@
+"""The ring: topology, segment arithmetic, the transport every algorithm talks through, and the
+driver that runs an algorithm's steps.
+
+An algorithm is a generator. Each `yield` hands back one `Step`: the point-to-point messages it
+has just posted (nonblocking). The driver completes the step and resumes the generator, which
+may then touch the received data and post the next step. A blocking collective drives its
+generator to the end; a nonblocking one (`CollectiveRequest`) advances it on test() and wait().
+All waiting happens in `Ring.complete`, the one place a timeout belongs.
+
+          left = rank-1                      right = rank+1
+    ... ──────────────► [ rank ] ──────────────► ...        (indices mod size)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi4py import MPI
+
+from mpiring.backend import NumpyBackend
+from mpiring.errors import CommunicationError
+
+# Tags cycle through this range; each collective call takes the next one, so messages of two
+# calls in flight at once (nonblocking collectives) never match each other's receives.
+_TAG_SPACE = 32767  # the MPI standard guarantees MPI_TAG_UB >= 32767
+
+
+def split_bounds(total: int, parts: int) -> list[int]:
+    """Offsets of `parts` contiguous pieces of `total` items, as numpy.array_split cuts them.
+
+    The first total % parts pieces get one extra item; pieces may be empty. Piece i spans
+    [bounds[i], bounds[i+1]).
+    """
+    base, extra = divmod(total, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+def bounds_from_counts(counts: Sequence[int], scale: int = 1) -> list[int]:
+    """Offsets of consecutive pieces of the given sizes, each multiplied by `scale`."""
+    bounds = [0]
+    for count in counts:
+        bounds.append(bounds[-1] + int(count) * scale)
+    return bounds
+
+
+@dataclass
+class Traffic:
+    """What this communicator has handed to MPI since it was made (or last reset)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0  # messages sent
+
+    def reset(self) -> None:
+        self.bytes_sent = self.bytes_received = self.messages = 0
+
+
+@dataclass
+class Step:
+    """The messages one step of an algorithm has posted, and the sizes its receives expect."""
+
+    requests: list[MPI.Request] = field(default_factory=list)
+    # (index into requests, expected bytes, source rank) for every receive
+    receives: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+Steps = Generator[Step, None, Any]
+
+
+class Ring:
+    """A communicator seen as a ring, with the transport all algorithms use.
+
+    Rank r receives from `left` (r-1) and sends to `right` (r+1), mod `size`.
+    """
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.left = (self.rank - 1) % self.size
+        self.right = (self.rank + 1) % self.size
+        self.traffic = Traffic()
+        self._calls = 0
+
+    def position(self, root: int) -> int:
+        """Distance from `root` along the ring (root is 0, its right neighbour 1, ...)."""
+        return (self.rank - root) % self.size
+
+    def rank_at(self, position: int, root: int) -> int:
+        return (root + position) % self.size
+
+    def next_tag(self) -> int:
+        """A tag for the next collective call; every rank calls collectives in the same order."""
+        self._calls += 1
+        return self._calls % _TAG_SPACE
+
+    def post(
+        self,
+        backend: NumpyBackend,
+        tag: int,
+        sends: Sequence[tuple[Any, int]] = (),
+        receives: Sequence[tuple[Any, int]] = (),
+    ) -> Step:
+        """Post nonblocking receives into and sends from flat contiguous buffers.
+
+        Receives are posted first so a matching send never waits on an unposted receive.
+        """
+        step = Step()
+        comm = self.comm
+        traffic = self.traffic
+        for buf, source in receives:
+            step.receives.append((len(step.requests), buf.nbytes, source))
+            step.requests.append(comm.Irecv(backend.message(buf), source, tag))
+            traffic.bytes_received += buf.nbytes
+        if sends:
+            backend.ready_for_mpi()
+        for buf, dest in sends:
+            step.requests.append(comm.Isend(backend.message(buf), dest, tag))
+            traffic.bytes_sent += buf.nbytes
+            traffic.messages += 1
+        return step
+
+    def complete(self, step: Step, collective: str) -> None:
+        """Wait for every message of a step; check each receive got the size it expected."""
+        statuses = [MPI.Status() for _ in step.requests] if step.receives else None
+        try:
+            MPI.Request.Waitall(step.requests, statuses)
+        except MPI.Exception as error:
+            raise CommunicationError(
+                collective,
+                f"MPI failed on rank {self.rank}: {error.Get_error_string()} "
+                "(did the ranks pass different shapes, lengths or dtypes?)",
+            ) from error
+        if statuses is not None:
+            self._check_sizes(step, statuses, collective)
+
+    def is_complete(self, step: Step, collective: str) -> bool:
+        """Whether every message of a step has finished, without waiting."""
+        statuses = [MPI.Status() for _ in step.requests] if step.receives else None
+        try:
+            done = MPI.Request.Testall(step.requests, statuses)
+        except MPI.Exception as error:
+            raise CommunicationError(
+                collective, f"MPI failed on rank {self.rank}: {error.Get_error_string()}"
+            ) from error
+        if done and statuses is not None:
+            self._check_sizes(step, statuses, collective)
+        return done
+
+    def _check_sizes(self, step: Step, statuses: list[MPI.Status], collective: str) -> None:
+        for index, expected, source in step.receives:
+            got = statuses[index].Get_count(MPI.BYTE)
+            if got != expected:
+                raise CommunicationError(
+                    collective,
+                    f"rank {self.rank} received {got} bytes from rank {source} but expected "
+                    f"{expected}: the ranks passed different shapes, lengths or dtypes",
+                )
+
+
+def run_to_end(ring: Ring, steps: Steps, collective: str) -> Any:
+    """Drive an algorithm to its end, blocking; return the generator's return value."""
+    try:
+        step = next(steps)
+        while True:
+            ring.complete(step, collective)
+            step = steps.send(None)
+    except StopIteration as finished:
+        return finished.value
+
+
+class CollectiveRequest:
+    """A collective in flight. It advances only inside test() and wait(): no helper thread."""
+
+    def __init__(self, ring: Ring, steps: Steps, collective: str) -> None:
+        self._ring = ring
+        self._steps = steps
+        self._collective = collective
+        self._done = False
+        self._result: Any = None
+        self._step: Step | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        try:
+            self._step = next(self._steps)
+        except StopIteration as finished:
+            self._done, self._result, self._step = True, finished.value, None
+
+    def test(self) -> bool:
+        """Make what progress is possible without blocking; True once the collective is done."""
+        while not self._done and self._ring.is_complete(self._step, self._collective):
+            self._advance()
+        return self._done
+
+    def wait(self) -> Any:
+        """Block until the collective is done and return its result."""
+        while not self._done:
+            self._ring.complete(self._step, self._collective)
+            self._advance()
+        return self._result

@@ -1,0 +1,80 @@
+"""Argument checks shared by the collectives. Each either returns the checked value or raises
+`ArgumentError` naming the collective and the argument. They are local: every rank that gets
+the same arguments raises the same error before any message moves.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from mpiring.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
+from mpiring.backend import SUPPORTED_DTYPES, NumpyBackend
+from mpiring.errors import ArgumentError
+from mpiring.ops import op_problem
+
+_DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+
+
+def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, split: bool = False) -> Any:
+    """`x` as an array of a supported dtype; with split=True it must have an axis 0 to split."""
+    try:
+        arr = backend.asarray(x)
+    except Exception as error:  # array-likes that cannot become arrays (ragged lists, ...)
+        raise ArgumentError(collective, name, f"cannot be made into an array: {error}") from error
+    dtype = arr.dtype
+    if not dtype.isnative:
+        raise ArgumentError(collective, name, f"dtype {dtype} is not in native byte order")
+    if dtype not in SUPPORTED_DTYPES:
+        raise ArgumentError(collective, name, f"unsupported dtype {dtype}; supported: {_DTYPE_NAMES}")
+    if split and arr.ndim == 0:
+        raise ArgumentError(collective, name, "is 0-d, but this collective splits or joins along axis 0")
+    return arr
+
+
+def check_op(collective: str, op: Any, dtype: Any) -> str:
+    problem = op_problem(op, dtype.kind)
+    if problem:
+        raise ArgumentError(collective, "op", f"{problem} (dtype {dtype})")
+    return op
+
+
+def check_root(collective: str, root: Any, size: int) -> int:
+    if isinstance(root, bool) or not isinstance(root, numbers.Integral):
+        raise ArgumentError(collective, "root", f"must be an integer rank, got {root!r}")
+    if not 0 <= root < size:
+        raise ArgumentError(collective, "root", f"{root} is not a rank of this communicator (size {size})")
+    return int(root)
+
+
+def check_algorithm(collective: str, algorithm: Any) -> str:
+    if algorithm is None:
+        return DEFAULT_ALGORITHM
+    known = ALGORITHMS[collective]
+    if algorithm not in known:
+        raise ArgumentError(
+            collective, "algorithm", f"unknown algorithm {algorithm!r}; expected one of {', '.join(known)}"
+        )
+    return algorithm
+
+
+def out_problem(out: Any, shape: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> str | None:
+    """Why `out` cannot receive a result of this shape and dtype, or None when it can."""
+    if not backend.is_array(out):
+        return f"must be a {backend.name} array, got {type(out).__name__}"
+    if out.dtype != dtype:
+        return f"has dtype {out.dtype}, expected {dtype}"
+    if tuple(out.shape) != tuple(shape):
+        return f"has shape {tuple(out.shape)}, expected {tuple(shape)}"
+    if not out.flags.writeable:
+        return "is read-only"
+    return None
+
+
+def check_out(collective: str, out: Any, shape: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> Any:
+    if out is None:
+        return None
+    problem = out_problem(out, shape, dtype, backend)
+    if problem:
+        raise ArgumentError(collective, "out", problem)
+    return out
