@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Run the whole test suite: the serial tests once, then the MPI tests at every world size.
+
+    python tests/run_world_sizes.py                  # sizes 1 2 3 4 8
+    python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
+
+No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py and
+`python -m mpi4py`), pytest-timeout's thread method stops a stuck test, MPIEXEC_TIMEOUT
+and an outer timeout stop a stuck launch. Works with the MPICH and Open MPI wheels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def mpi_environment() -> dict[str, str]:
+    """The environment an mpirun here needs: Open MPI as root, oversubscribed, without OFI."""
+    env = dict(os.environ, PY_COLORS="0", PYTHONUNBUFFERED="1")
+    version = subprocess.run(
+        [sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    if "Open MPI" in version:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+        env.setdefault("OMPI_MCA_btl", "^ofi")
+    return env
+
+
+def counts(output: str) -> dict[str, int]:
+    """The counts in pytest's closing summary line (passed, failed, skipped, error...)."""
+    found: dict[str, int] = {}
+    lines = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error|skipped|deselected)", line)]
+    if lines:
+        for number, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)", lines[-1]):
+            found[word.rstrip("s") if word.startswith("error") else word] = int(number)
+    return found
+
+
+def run(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    print("$", " ".join(command), flush=True)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout)
+        code, output = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        code, output = 124, output + f"\n[run_world_sizes] timed out after {timeout:.0f} s\n"
+    sys.stdout.write(output)
+    print(f"[run_world_sizes] exit {code} after {time.monotonic() - started:.1f} s", flush=True)
+    return code, output
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 4, 8])
+    parser.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (thread method)")
+    parser.add_argument("--run-timeout", type=int, default=1500, help="seconds for one world size")
+    parser.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) tests")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args()
+
+    env = mpi_environment()
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        print("no mpiexec on PATH: install an MPI (pip install mpich) first", file=sys.stderr)
+        return 2
+    timeouts = [f"--timeout={args.test_timeout}", "--timeout-method=thread"]
+    results: list[tuple[str, int, dict[str, int]]] = []
+
+    if not args.no_serial:
+        code, output = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", *timeouts, *args.pytest_args],
+                           env, args.run_timeout)
+        results.append(("serial", code, counts(output)))
+
+    for size in args.sizes:
+        pytest = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-m", "mpi", *timeouts, *args.pytest_args]
+        command = [mpiexec, "-n", "1", sys.executable, *pytest, "-q"]
+        if size > 1:  # the other ranks stay quiet, so the log holds one summary
+            command += [":", "-n", str(size - 1), sys.executable, *pytest, "-p", "no:terminal"]
+        code, output = run(command, dict(env, MPIEXEC_TIMEOUT=str(args.run_timeout)), args.run_timeout + 30)
+        results.append((f"world size {size}", code, counts(output)))
+
+    print("\nmpiring test summary")
+    failed_runs = passed = failed = skipped = 0
+    for name, code, found in results:
+        ok = code in (0, 5) and not found.get("failed") and not found.get("error")
+        failed_runs += not ok
+        passed += found.get("passed", 0)
+        failed += found.get("failed", 0) + found.get("error", 0) + (0 if ok or found.get("failed") else 1)
+        skipped += found.get("skipped", 0)
+        shown = ", ".join(f"{v} {k}" for k, v in found.items()) or "no summary"
+        print(f"  {name:<14} {'ok  ' if ok else 'FAIL'} {shown} (exit {code})")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed_runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
