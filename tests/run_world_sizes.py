@@ -15,8 +15,10 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,10 +28,13 @@ ROOT = os.path.dirname(HERE)
 def mpi_environment() -> dict[str, str]:
     """The environment an mpirun here needs: Open MPI as root, oversubscribed, without OFI."""
     env = dict(os.environ, PY_COLORS="0", PYTHONUNBUFFERED="1")
-    version = subprocess.run(
+    probe = subprocess.run(
         [sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
-        capture_output=True, text=True, check=True,
-    ).stdout
+        capture_output=True, text=True,
+    )
+    if probe.returncode != 0:
+        sys.exit(f"mpi4py cannot start MPI here (install one: pip install mpich):\n{probe.stderr}")
+    version = probe.stdout
     if "Open MPI" in version:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -49,18 +54,28 @@ def counts(output: str) -> dict[str, int]:
 
 
 def run(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run a command, echoing its output as it comes; kill its whole process group on timeout."""
     print("$", " ".join(command), flush=True)
     started = time.monotonic()
+    proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    lines = []
     try:
-        proc = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=timeout)
-        code, output = proc.returncode, proc.stdout
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
-        code, output = 124, output + f"\n[run_world_sizes] timed out after {timeout:.0f} s\n"
-    sys.stdout.write(output)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            lines.append(line)
+        code = proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode in (None, -signal.SIGKILL)
+        timer.cancel()
+    if timed_out:
+        code = 124
+        lines.append(f"[run_world_sizes] killed after {timeout:.0f} s\n")
+    sys.stdout.write(lines[-1] if timed_out else "")
     print(f"[run_world_sizes] exit {code} after {time.monotonic() - started:.1f} s", flush=True)
-    return code, output
+    return code, "".join(lines)
 
 
 def main() -> int:

@@ -1,0 +1,76 @@
+"""Independent oracles for the collective tests: inputs every rank can regenerate from a seed,
+NumPy reductions over them, and mpi4py's own native collectives.
+
+Float inputs hold small integers, so every summation order gives the same exact result and the
+comparisons can be exact; tests of rounding-order behaviour use random floats separately.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from mpi4py import MPI
+
+DTYPES = [
+    np.dtype(d)
+    for d in ("bool", "int8", "uint8", "int16", "int32", "uint32", "int64", "uint64",
+              "float16", "float32", "float64", "complex64", "complex128")
+]
+OPS = ["sum", "prod", "min", "max", "avg"]
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+NATIVE_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+
+
+def op_valid(op: str, dtype: np.dtype) -> bool:
+    if op == "avg":
+        return dtype.kind in "fc"
+    if op in ("min", "max"):
+        return dtype.kind != "c"
+    return True
+
+
+def rank_input(seed: int, rank: int, shape, dtype, op: str = "sum") -> np.ndarray:
+    """The array `rank` contributes to case `seed`: reproducible on every rank."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng([seed, rank, 12345])
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if op == "prod":  # no zeros, small magnitudes: products of 8 ranks stay exact
+        values = rng.choice(np.array([-2, -1, 1, 2]), shape) if dtype.kind != "u" else rng.integers(1, 3, shape)
+    elif dtype.kind == "u":
+        values = rng.integers(0, 100, shape)
+    else:
+        values = rng.integers(-50, 51, shape)
+    if dtype.kind == "c":
+        imag = rng.integers(-2, 3, shape) if op == "prod" else rng.integers(-50, 51, shape)
+        return (values + 1j * imag).astype(dtype)
+    return np.asarray(values).astype(dtype)
+
+
+def all_inputs(seed: int, size: int, shape, dtype, op: str = "sum") -> list[np.ndarray]:
+    return [rank_input(seed, k, shape, dtype, op) for k in range(size)]
+
+
+def numpy_reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """The reduction in rank order, in the arrays' dtype (integers wrap as in NumPy)."""
+    result = functools.reduce(lambda a, b: UFUNCS[op](a, b), arrays[1:], arrays[0].copy())
+    result = np.asarray(result, dtype=arrays[0].dtype)
+    if op == "avg":
+        result = np.true_divide(result, len(arrays)).astype(arrays[0].dtype)
+    return result
+
+
+def native_supported(dtype: np.dtype, op: str | None = None) -> bool:
+    """Whether mpi4py's native collectives handle this dtype (and op) for an oracle."""
+    # MPI has no float16 type, and defines only logical ops on booleans
+    return dtype != np.float16 and not (dtype == np.bool_ and op is not None)
+
+
+def assert_same(got, want, what: str) -> None:
+    """Exact equality of values, dtype and shape (NaNs in the same places count as equal)."""
+    assert got is not None, f"{what}: got None"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    equal_nan = want.dtype.kind in "fc"
+    assert np.array_equal(got, want, equal_nan=equal_nan), f"{what}: values differ\n got {got}\nwant {want}"

@@ -1,0 +1,301 @@
+"""Every collective x op x dtype x root x length against two independent oracles: NumPy on
+inputs every rank regenerates, and mpi4py's native collective on the same buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import (
+    DTYPES,
+    NATIVE_OPS,
+    OPS,
+    all_inputs,
+    assert_same,
+    native_supported,
+    numpy_reduce,
+    op_valid,
+    rank_input,
+)
+
+import mpiring
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+BIG = 70_001  # elements: past the MPI libraries' eager limits for every dtype but the 1-byte ones
+LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 13, 37, BIG})
+ROOTS = sorted({0, N - 1, N // 2})
+OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d)]
+
+
+def _case_id(case) -> str:
+    dtype, op = case
+    return f"{dtype.name}-{op}"
+
+
+def _native_reduce(kind, x, op, root=0):
+    """The native MPI result, or None where MPI has no oracle for this dtype/op."""
+    if not native_supported(x.dtype, op):
+        return None
+    x = np.ascontiguousarray(x)
+    result = np.empty_like(x)
+    if kind == "allreduce":
+        WORLD.Allreduce(x, result, NATIVE_OPS[op])
+    else:
+        WORLD.Reduce(x, result, NATIVE_OPS[op], root=root)
+        if RANK != root:
+            return None
+    if op == "avg":
+        result = np.true_divide(result, N).astype(x.dtype)
+    return result
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_allreduce(comm, case):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        got = comm.allreduce(inputs[RANK], op=op)
+        assert_same(got, numpy_reduce(op, inputs), f"allreduce {op} {dtype} len {length} vs numpy")
+        native = _native_reduce("allreduce", inputs[RANK], op)
+        if native is not None:
+            assert_same(got, native, f"allreduce {op} {dtype} len {length} vs MPI")
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_reduce(comm, case):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        for root in ROOTS:
+            got = comm.reduce(inputs[RANK], op=op, root=root)
+            if RANK != root:
+                assert got is None
+            else:
+                assert_same(got, numpy_reduce(op, inputs), f"reduce {op} {dtype} len {length} root {root}")
+            native = _native_reduce("reduce", inputs[RANK], op, root)
+            if native is not None:
+                assert_same(got, native, f"reduce {op} {dtype} len {length} root {root} vs MPI")
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_reduce_scatter(comm, case):
+    dtype, op = case
+    for seed, rows in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, (rows, 2), dtype, op)
+        got = comm.reduce_scatter(inputs[RANK], op=op)
+        want = np.array_split(numpy_reduce(op, inputs), N)[RANK]
+        assert_same(got, want, f"reduce_scatter {op} {dtype} rows {rows}")
+        if native_supported(dtype, op):
+            counts = [len(part) * 2 for part in np.array_split(np.empty(rows), N)]
+            native = np.empty(counts[RANK], dtype)
+            WORLD.Reduce_scatter(inputs[RANK], native, counts, NATIVE_OPS[op])
+            if op == "avg":
+                native = np.true_divide(native, N).astype(dtype)
+            assert_same(got.reshape(-1), native, f"reduce_scatter {op} {dtype} rows {rows} vs MPI")
+
+
+def _rows_of(rank: int, seed: int) -> int:
+    """Uneven, sometimes empty, per-rank row counts for gather and allgather."""
+    return (3 * rank + seed) % 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_allgather(comm, dtype):
+    for seed in range(4):
+        blocks = [rank_input(seed, k, (_rows_of(k, seed), 3), dtype) for k in range(N)]
+        got = comm.allgather(blocks[RANK])
+        assert_same(got, np.concatenate(blocks), f"allgather {dtype} seed {seed}")
+        native = np.empty_like(got)
+        WORLD.Allgatherv(blocks[RANK], [native, [b.size for b in blocks]])
+        assert_same(got, native, f"allgather {dtype} seed {seed} vs MPI")
+    big = [rank_input(9, k, BIG + k, dtype) for k in range(N)]
+    assert_same(comm.allgather(big[RANK]), np.concatenate(big), f"allgather {dtype} large")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gather(comm, dtype):
+    for seed in range(3):
+        blocks = [rank_input(seed, k, (_rows_of(k, seed), 2, 2), dtype) for k in range(N)]
+        for root in ROOTS:
+            got = comm.gather(blocks[RANK], root=root)
+            native = np.empty((sum(len(b) for b in blocks), 2, 2), dtype) if RANK == root else None
+            WORLD.Gatherv(blocks[RANK], [native, [b.size for b in blocks]] if RANK == root else None, root=root)
+            if RANK != root:
+                assert got is None
+                continue
+            assert_same(got, np.concatenate(blocks), f"gather {dtype} seed {seed} root {root}")
+            assert_same(got, native, f"gather {dtype} seed {seed} root {root} vs MPI")
+    big = [rank_input(9, k, BIG - k, dtype) for k in range(N)]
+    got = comm.gather(big[RANK], root=N - 1)
+    if RANK == N - 1:
+        assert_same(got, np.concatenate(big), f"gather {dtype} large")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scatter(comm, dtype):
+    for seed, rows in enumerate(LENGTHS):
+        for root in ROOTS:
+            full = rank_input(seed, root, (rows, 3), dtype)
+            got = comm.scatter(full if RANK == root else None, root=root)
+            part = np.array_split(full, N)[RANK]
+            assert_same(got, part, f"scatter {dtype} rows {rows} root {root}")
+            counts = [len(p) * 3 for p in np.array_split(full, N)]
+            native = np.empty_like(part)
+            WORLD.Scatterv([full, counts] if RANK == root else None, native, root=root)
+            assert_same(got, native, f"scatter {dtype} rows {rows} root {root} vs MPI")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_broadcast(comm, dtype):
+    for seed, length in enumerate(LENGTHS):
+        for root in ROOTS:
+            data = rank_input(seed, root, (length, 2), dtype)
+            mine = data if RANK == root else np.zeros_like(data)
+            got = comm.broadcast(mine, root=root)
+            assert_same(got, data, f"broadcast {dtype} len {length} root {root}")
+            native = mine.copy()
+            WORLD.Bcast(native, root=root)
+            assert_same(got, native, f"broadcast {dtype} len {length} root {root} vs MPI")
+            if RANK == root:
+                assert got is not mine, "broadcast must not hand the root its own input back"
+
+
+def test_broadcast_many_segments(comm):
+    """Large enough for the pipelined broadcast to cut the data into several segments."""
+    root = N // 2
+    data = rank_input(3, 0, 600_001, np.float32)
+    got = comm.broadcast(data if RANK == root else np.empty_like(data), root=root)
+    want = rank_input(3, 0, 600_001, np.float32)
+    assert_same(got, want, "broadcast 2.4 MB")
+
+
+def test_zero_dimensional(comm):
+    for dtype in (np.int64, np.float64, np.complex128):
+        inputs = [np.array(rank_input(1, k, 1, dtype)[0]) for k in range(N)]
+        assert_same(comm.allreduce(inputs[RANK]), numpy_reduce("sum", inputs), f"0-d allreduce {dtype}")
+        got = comm.reduce(inputs[RANK], op="max" if dtype != np.complex128 else "sum", root=0)
+        if RANK == 0:
+            assert got.shape == ()
+        assert_same(comm.broadcast(inputs[RANK], root=N - 1), inputs[N - 1], f"0-d broadcast {dtype}")
+
+
+@pytest.mark.parametrize("shape", [(5, 4, 3), (N, 1), (2 * N + 1, 2, 2), (1, 7), (0, 3)], ids=str)
+def test_multidimensional(comm, shape):
+    inputs = all_inputs(7, N, shape, np.int32)
+    total = numpy_reduce("sum", inputs)
+    assert_same(comm.allreduce(inputs[RANK]), total, f"allreduce {shape}")
+    assert_same(comm.reduce_scatter(inputs[RANK]), np.array_split(total, N)[RANK], f"reduce_scatter {shape}")
+    assert_same(comm.allgather(inputs[RANK]), np.concatenate(inputs), f"allgather {shape}")
+    assert_same(comm.scatter(inputs[0] if RANK == 0 else None), np.array_split(inputs[0], N)[RANK], "scatter")
+
+
+def test_non_contiguous_inputs(comm):
+    inputs = all_inputs(11, N, (40, 6), np.float64)
+    views = [a[::2, 1::2] for a in inputs]  # strided: not C-contiguous
+    assert not views[RANK].flags.c_contiguous
+    assert_same(comm.allreduce(views[RANK]), numpy_reduce("sum", views), "allreduce strided")
+    assert_same(comm.allgather(views[RANK]), np.concatenate(views), "allgather strided")
+    assert_same(comm.broadcast(views[RANK], root=0), views[0], "broadcast strided")
+    fortran = np.asfortranarray(inputs[RANK])
+    assert_same(comm.allreduce(fortran), numpy_reduce("sum", inputs), "allreduce Fortran order")
+
+
+def test_array_likes(comm):
+    got = comm.allreduce([RANK, 1, 2.5])
+    assert_same(got, np.array([sum(range(N)), N, 2.5 * N]), "allreduce of a list")
+    assert_same(comm.allgather([[RANK, RANK]]), np.array([[k, k] for k in range(N)]), "allgather of a list")
+
+
+def test_out_arguments(comm):
+    inputs = all_inputs(5, N, (N + 3, 2), np.float64)
+    total = numpy_reduce("sum", inputs)
+    out = np.full_like(inputs[RANK], np.nan)
+    assert comm.allreduce(inputs[RANK], out=out) is out
+    assert_same(out, total, "allreduce out=")
+    x = inputs[RANK].copy()
+    assert comm.allreduce(x, out=x) is x  # in place
+    assert_same(x, total, "allreduce in place")
+    strided = np.full((N + 3, 4), np.nan)[:, ::2]  # a non-contiguous out= is filled too
+    assert comm.allreduce(inputs[RANK], out=strided) is strided
+    assert_same(strided, total, "allreduce strided out=")
+
+    part = np.array_split(total, N)[RANK]
+    out = np.full_like(part, np.nan)
+    assert comm.reduce_scatter(inputs[RANK], out=out) is out
+    assert_same(out, part, "reduce_scatter out=")
+
+    out = np.full((N * (N + 3), 2), np.nan)
+    assert comm.allgather(inputs[RANK], out=out) is out
+    assert_same(out, np.concatenate(inputs), "allgather out=")
+
+    for root in ROOTS:
+        out = np.full_like(total, np.nan) if RANK == root else None
+        got = comm.reduce(inputs[RANK], root=root, out=out)
+        if RANK == root:
+            assert got is out
+            assert_same(out, total, "reduce out=")
+        y = inputs[RANK].copy()
+        assert comm.broadcast(y, root=root, out=y) is y
+        assert_same(y, inputs[root], "broadcast in place")
+        out = np.full((N * (N + 3), 2), np.nan) if RANK == root else None
+        got = comm.gather(inputs[RANK], root=root, out=out)
+        if RANK == root:
+            assert got is out
+            assert_same(out, np.concatenate(inputs), "gather out=")
+        out = np.full_like(np.array_split(inputs[root], N)[RANK], np.nan)
+        assert comm.scatter(inputs[root] if RANK == root else None, root=root, out=out) is out
+        assert_same(out, np.array_split(inputs[root], N)[RANK], "scatter out=")
+
+
+def test_out_overlapping_input(comm):
+    """out= a view overlapping the input (not the input itself) must still give the right result."""
+    inputs = all_inputs(8, N, 2 * N + 2, np.int64)
+    buf = np.concatenate([inputs[RANK], np.zeros(2, np.int64)])
+    got = comm.allreduce(buf[:-2], out=buf[2:])
+    assert_same(got, numpy_reduce("sum", inputs), "allreduce out overlapping x")
+
+
+def test_barrier(comm, tmp_path_factory):
+    """No rank leaves the barrier before every rank has entered it: each rank leaves a file
+    before entering; after leaving, every rank must see every file of that round."""
+    directory = WORLD.bcast(str(tmp_path_factory.mktemp("barrier")) if RANK == 0 else None, root=0)
+    import os
+
+    for round_ in range(5):
+        with open(os.path.join(directory, f"{round_}-{RANK}"), "w") as marker:
+            marker.write("entered")
+        comm.barrier()
+        seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
+        assert len(seen) == N, f"round {round_}: rank {RANK} left the barrier having seen {sorted(seen)}"
+
+
+def test_allgather_of_reduce_scatter_is_allreduce(comm):
+    for rows in LENGTHS:
+        for op in ("sum", "max", "avg"):
+            x = rank_input(rows, RANK, (rows, 2), np.float64, op)
+            assert_same(comm.allgather(comm.reduce_scatter(x, op=op)), comm.allreduce(x, op=op),
+                        f"allgather(reduce_scatter) rows {rows} {op}")
+
+
+def test_scatter_inverts_gather(comm):
+    for rows in LENGTHS:
+        full = rank_input(rows, 0, (rows, 2), np.int16)
+        part = comm.scatter(full if RANK == 0 else None, root=0)
+        back = comm.gather(part, root=0)
+        if RANK == 0:
+            assert_same(back, full, f"gather(scatter) rows {rows}")
+
+
+def test_communicator_wraps_subcommunicators():
+    """A communicator over any intracomm: here the even and odd ranks, separately."""
+    sub = WORLD.Split(RANK % 2, RANK)
+    ring = mpiring.Communicator(sub)
+    assert ring.mpi is sub and ring.size == sub.Get_size() and ring.rank == sub.Get_rank()
+    members = [k for k in range(N) if k % 2 == RANK % 2]
+    assert_same(ring.allreduce(np.array([RANK])), np.array([sum(members)]), "allreduce on a split comm")
+    ring.free()
+    sub.Free()
