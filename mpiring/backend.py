@@ -6,6 +6,7 @@ Algorithm code never imports an array module: it allocates, combines and copies 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy
@@ -60,9 +61,17 @@ class NumpyBackend:
     def ready_for_mpi(self) -> None:
         """Make every pending write to buffers visible to MPI (a no-op on the host)."""
 
-    def message(self, buf: numpy.ndarray) -> list:
-        """The buffer as mpi4py wants it: raw bytes, so every dtype travels, float16 and bool too."""
+    # Buffers go to MPI as raw bytes, so every dtype travels, float16 and bool too.
+    def send_message(self, buf: numpy.ndarray) -> list:
+        """The buffer to hand MPI for a send."""
         return [buf, MPI.BYTE]
+
+    def receive_message(self, buf: numpy.ndarray) -> tuple[list, Callable[[], None] | None]:
+        """The buffer to hand MPI for a receive, and what to do once it has arrived (or None).
+
+        A staged device backend receives into host memory and returns the copy to the device.
+        """
+        return [buf, MPI.BYTE], None
 
 
 NUMPY = NumpyBackend()

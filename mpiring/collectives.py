@@ -15,7 +15,8 @@ from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.backend import NUMPY, NumpyBackend
 from mpiring.errors import ArgumentError, CollectiveMismatchError
-from mpiring.ring import Ring, Steps, bounds_from_counts, split_bounds
+from mpiring.ring import Call, Ring, Steps, bounds_from_counts, split_bounds
+from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 
 # Per-rank record of the layout exchange that gather and allgather run first.
@@ -70,10 +71,7 @@ def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
     return f"dtype {dtype}, rows of shape {trailing}"
 
 
-def _exchange_layout(
-    ring: Ring, tag: int, collective: str, x: Any, out: Any, out_rows_needed: bool,
-    backend: NumpyBackend,
-) -> Steps:
+def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool, backend: NumpyBackend) -> Steps:
     """All-gather every rank's row count, and check that the ranks' arrays and out= fit together.
 
     Returns the row counts. Raises the same error on every rank when they do not fit, since
@@ -87,7 +85,8 @@ def _exchange_layout(
     p = ring.size
     table = NUMPY.empty(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
-    yield from allgather_steps(ring, NUMPY, tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    yield from allgather_steps(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    collective = call.collective
     rows, signatures, out_states = table[0::3], table[1::3], table[2::3]
     differing = [k for k in range(p) if signatures[k] != signatures[0]]
     if differing:
@@ -120,59 +119,74 @@ def _row_size(shape: tuple[int, ...]) -> int:
     return size
 
 
-def broadcast(ring, backend, tag, algorithm, x, root, out) -> Steps:
+def _algorithm(ring: Ring, call: Call, nbytes: int) -> Any:
+    """The algorithm to run: the one asked for, or the one "auto" picks for this size.
+
+    Every rank must pass the same nbytes, so gather and all-gather decide after the layout
+    exchange and scatter after the header.
+    """
+    call.algorithm = choose(call.collective, call.algorithm, nbytes, ring.size)
+    return ALGORITHMS[call.collective][call.algorithm]
+
+
+def broadcast(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any) -> Steps:
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
     if ring.rank == root and target.array is not x:
         backend.copy(target.array, x)
-    yield from ALGORITHMS["broadcast"][algorithm](ring, backend, tag, root, target.flat)
+    yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, target.flat)
     return target.result()
 
 
-def reduce(ring, backend, tag, algorithm, x, op, root, out) -> Steps:
+def reduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, root: int, out: Any) -> Steps:
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True) if ring.rank == root else None
     flat_out = target.flat if target else None
-    yield from ALGORITHMS["reduce"][algorithm](ring, backend, tag, root, backend.flat(x), flat_out, op)
+    yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, backend.flat(x), flat_out, op)
     return target.result() if target else None
 
 
-def allreduce(ring, backend, tag, algorithm, x, op, out) -> Steps:
+def allreduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
-    yield from ALGORITHMS["allreduce"][algorithm](ring, backend, tag, backend.flat(x), target.flat, op)
+    yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, backend.flat(x), target.flat, op)
     return target.result()
 
 
-def reduce_scatter(ring, backend, tag, algorithm, x, op, out) -> Steps:
+def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
     rows = split_bounds(x.shape[0], ring.size)
     r = ring.rank
     shape = (rows[r + 1] - rows[r], *x.shape[1:])
     check_out("reduce_scatter", out, shape, x.dtype, backend)
     target = Output(backend, out, shape, x.dtype, source=x)
     bounds = [b * _row_size(x.shape) for b in rows]
-    yield from ALGORITHMS["reduce_scatter"][algorithm](ring, backend, tag, backend.flat(x), bounds, op, target.flat)
+    algorithm = _algorithm(ring, call, x.nbytes)
+    yield from algorithm(ring, backend, call.tag, backend.flat(x), bounds, op, target.flat)
     return target.result()
 
 
-def allgather(ring, backend, tag, algorithm, x, out) -> Steps:
-    rows = yield from _exchange_layout(ring, tag, "allgather", x, out, True, backend)
+def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
+    rows = yield from _exchange_layout(ring, call, x, out, True, backend)
     target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
     bounds = bounds_from_counts(rows, _row_size(x.shape))
     r = ring.rank
     backend.copy(target.flat[bounds[r] : bounds[r + 1]], backend.flat(x))
-    yield from ALGORITHMS["allgather"][algorithm](ring, backend, tag, target.flat, bounds)
+    yield from _algorithm(ring, call, target.array.nbytes)(ring, backend, call.tag, target.flat, bounds)
     return target.result()
 
 
-def gather(ring, backend, tag, algorithm, x, root, out) -> Steps:
+def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any) -> Steps:
     is_root = ring.rank == root
-    rows = yield from _exchange_layout(ring, tag, "gather", x, out if is_root else None, is_root, backend)
-    target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x) if is_root else None
+    rows = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
+    total_shape = (sum(rows), *x.shape[1:])
+    target = Output(backend, out, total_shape, x.dtype, source=x) if is_root else None
     bounds = bounds_from_counts(rows, _row_size(x.shape))
     flat_out = target.flat if target else None
-    yield from ALGORITHMS["gather"][algorithm](ring, backend, tag, root, backend.flat(x), flat_out, bounds)
+    algorithm = _algorithm(ring, call, bounds[-1] * x.dtype.itemsize)
+    yield from algorithm(ring, backend, call.tag, root, backend.flat(x), flat_out, bounds)
     return target.result() if target else None
 
 
-def scatter(ring, backend, tag, algorithm, x, root, out, root_problem: ArgumentError | None) -> Steps:
+def scatter(
+    ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any, root_problem: ArgumentError | None
+) -> Steps:
     """`x` matters on the root only; a problem with it there is sent to every rank in the header."""
     header = NUMPY.empty(HEADER_BYTES // 8, NUMPY.xp.int64)
     if ring.rank == root:
@@ -182,7 +196,7 @@ def scatter(ring, backend, tag, algorithm, x, root, out, root_problem: ArgumentE
             header[3 : 3 + x.ndim] = x.shape
         else:
             header[0] = 1
-    yield from broadcast_steps(ring, NUMPY, tag, root, header)
+    yield from broadcast_steps(ring, NUMPY, call.tag, root, header)
     if header[0]:
         if root_problem is not None:
             raise root_problem
@@ -196,12 +210,13 @@ def scatter(ring, backend, tag, algorithm, x, root, out, root_problem: ArgumentE
     target = Output(backend, out, mine_shape, dtype, source=x if ring.rank == root else None)
     bounds = [b * _row_size(shape) for b in rows]
     src = backend.flat(x) if ring.rank == root else None
-    yield from ALGORITHMS["scatter"][algorithm](ring, backend, tag, root, src, target.flat, bounds)
+    algorithm = _algorithm(ring, call, bounds[-1] * dtype.itemsize)
+    yield from algorithm(ring, backend, call.tag, root, src, target.flat, bounds)
     return target.result()
 
 
-def barrier(ring, tag, algorithm) -> Steps:
-    yield from ALGORITHMS["barrier"][algorithm](ring, tag)
+def barrier(ring: Ring, call: Call) -> Steps:
+    yield from _algorithm(ring, call, 0)(ring, call.tag)
 
 
 def _encode_dtype(dtype: Any) -> int:

@@ -1,11 +1,14 @@
-"""The public face of mpiring: `Communicator`, one method per collective.
+"""The public face of mpiring: `Communicator`, one method per collective, blocking and
+nonblocking (the `i` prefix, as in MPI).
 
 Each method checks its arguments (raising before any message moves), then drives the
-collective's generator of ring steps to the end. Names follow mpi4py's lowercase API.
+collective's generator of ring steps: to the end for a blocking call, or step by step from
+the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mpi4py import MPI
@@ -14,8 +17,8 @@ from mpiring import collectives
 from mpiring.backend import NUMPY, backend_for
 from mpiring.errors import ArgumentError
 from mpiring.ops import SUM
-from mpiring.ring import Ring, Traffic, run_to_end
-from mpiring.validation import check_algorithm, check_array, check_op, check_out, check_root
+from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
+from mpiring.validation import check_algorithm, check_array, check_op, check_out, check_root, check_timeout
 
 
 class Communicator:
@@ -23,12 +26,19 @@ class Communicator:
 
     Creating one is collective: every rank of `comm` must do it. mpiring's messages travel on
     a private duplicate of `comm`, so they never mix with the caller's own messages.
+
+    `timeout` (seconds; default from the MPIRING_TIMEOUT environment variable, else none) bounds
+    how long any collective of this communicator waits for a step before raising
+    `CollectiveTimeout`; each call may override it with its own `timeout=`.
     """
 
-    def __init__(self, comm: MPI.Intracomm | None = None) -> None:
+    def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise ArgumentError("Communicator", "comm", f"must be an mpi4py intracommunicator, got {base!r}")
+        if timeout is None and os.environ.get("MPIRING_TIMEOUT"):
+            timeout = _env_timeout()
+        self.timeout = check_timeout("Communicator", timeout)
         self._mpi = base
         self._ring = Ring(base.Dup())
 
@@ -54,80 +64,62 @@ class Communicator:
         """Release the private MPI communicator (collective). The object is unusable afterwards."""
         self._ring.comm.Free()
 
-    def _run(self, collective: str, steps: Any) -> Any:
-        return run_to_end(self._ring, steps, collective)
+    # ---- plumbing: every public method is one of these two around a builder below ----
 
-    def broadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """Every rank gets root's `x`. Every rank passes an array of root's shape and dtype."""
+    def _call(self, collective: str, algorithm: Any, timeout: Any) -> Call:
+        algorithm = check_algorithm(collective, algorithm)
+        timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+        return Call(collective, algorithm, self._ring.next_tag(), timeout)
+
+    def _wait(self, call: Call, steps: Steps) -> Any:
+        return run_to_end(self._ring, steps, call)
+
+    def _start(self, call: Call, steps: Steps) -> CollectiveRequest:
+        return CollectiveRequest(self._ring, steps, call)
+
+    # ---- the collectives: builders check arguments and return (call, steps) ----
+
+    def _broadcast(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("broadcast", "x", x, backend)
         root = check_root("broadcast", root, self.size)
-        algorithm = check_algorithm("broadcast", algorithm)
         out = check_out("broadcast", out, x.shape, x.dtype, backend)
-        return self._run(
-            "broadcast",
-            collectives.broadcast(self._ring, backend, self._ring.next_tag(), algorithm, x, root, out),
-        )
+        call = self._call("broadcast", algorithm, timeout)
+        return call, collectives.broadcast(self._ring, backend, call, x, root, out)
 
-    def reduce(
-        self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None
-    ) -> Any:
-        """The root gets the elementwise reduction of every rank's `x`; other ranks get None."""
+    def _reduce(self, x, op, root, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("reduce", "x", x, backend)
         op = check_op("reduce", op, x.dtype)
         root = check_root("reduce", root, self.size)
-        algorithm = check_algorithm("reduce", algorithm)
         if self.rank == root:
             out = check_out("reduce", out, x.shape, x.dtype, backend)
-        return self._run(
-            "reduce",
-            collectives.reduce(self._ring, backend, self._ring.next_tag(), algorithm, x, op, root, out),
-        )
+        call = self._call("reduce", algorithm, timeout)
+        return call, collectives.reduce(self._ring, backend, call, x, op, root, out)
 
-    def allreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """Every rank gets the elementwise reduction of every rank's `x` (bitwise the same)."""
+    def _allreduce(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("allreduce", "x", x, backend)
         op = check_op("allreduce", op, x.dtype)
-        algorithm = check_algorithm("allreduce", algorithm)
         out = check_out("allreduce", out, x.shape, x.dtype, backend)
-        return self._run(
-            "allreduce",
-            collectives.allreduce(self._ring, backend, self._ring.next_tag(), algorithm, x, op, out),
-        )
+        call = self._call("allreduce", algorithm, timeout)
+        return call, collectives.allreduce(self._ring, backend, call, x, op, out)
 
-    def gather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """The root gets every rank's `x` concatenated along axis 0 in rank order; others get None.
-
-        Ranks may pass different numbers of rows; the other dimensions and the dtype must agree.
-        """
+    def _gather(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("gather", "x", x, backend, split=True)
         root = check_root("gather", root, self.size)
-        algorithm = check_algorithm("gather", algorithm)
-        return self._run(
-            "gather",
-            collectives.gather(self._ring, backend, self._ring.next_tag(), algorithm, x, root, out),
-        )
+        call = self._call("gather", algorithm, timeout)
+        return call, collectives.gather(self._ring, backend, call, x, root, out)
 
-    def allgather(self, x: Any, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """Every rank gets every rank's `x` concatenated along axis 0 in rank order."""
+    def _allgather(self, x, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("allgather", "x", x, backend, split=True)
-        algorithm = check_algorithm("allgather", algorithm)
-        return self._run(
-            "allgather",
-            collectives.allgather(self._ring, backend, self._ring.next_tag(), algorithm, x, out),
-        )
+        call = self._call("allgather", algorithm, timeout)
+        return call, collectives.allgather(self._ring, backend, call, x, out)
 
-    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """Root's `x` is split along axis 0 as numpy.array_split does; rank r gets part r.
-
-        Non-root ranks pass None (anything they pass is ignored).
-        """
+    def _scatter(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
         root = check_root("scatter", root, self.size)
-        algorithm = check_algorithm("scatter", algorithm)
         backend = backend_for(out) if out is not None else NUMPY
         root_problem = None
         if self.rank == root:
@@ -136,25 +128,112 @@ class Communicator:
                 x = check_array("scatter", "x", x, backend, split=True)
             except ArgumentError as problem:
                 root_problem = problem  # every rank must hear of it, or they would wait for data
-        return self._run(
-            "scatter",
-            collectives.scatter(
-                self._ring, backend, self._ring.next_tag(), algorithm, x, root, out, root_problem
-            ),
-        )
+        call = self._call("scatter", algorithm, timeout)
+        return call, collectives.scatter(self._ring, backend, call, x, root, out, root_problem)
 
-    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None) -> Any:
-        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
+    def _reduce_scatter(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("reduce_scatter", "x", x, backend, split=True)
         op = check_op("reduce_scatter", op, x.dtype)
-        algorithm = check_algorithm("reduce_scatter", algorithm)
-        return self._run(
-            "reduce_scatter",
-            collectives.reduce_scatter(self._ring, backend, self._ring.next_tag(), algorithm, x, op, out),
-        )
+        call = self._call("reduce_scatter", algorithm, timeout)
+        return call, collectives.reduce_scatter(self._ring, backend, call, x, op, out)
 
-    def barrier(self, *, algorithm: str | None = None) -> None:
+    def _barrier(self, algorithm, timeout) -> tuple[Call, Steps]:
+        call = self._call("barrier", algorithm, timeout)
+        return call, collectives.barrier(self._ring, call)
+
+    # ---- blocking ----
+
+    def broadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> Any:
+        """Every rank gets root's `x`. Every rank passes an array of root's shape and dtype."""
+        return self._wait(*self._broadcast(x, root, out, algorithm, timeout))
+
+    def reduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+               timeout: float | None = None) -> Any:
+        """The root gets the elementwise reduction of every rank's `x`; other ranks get None."""
+        return self._wait(*self._reduce(x, op, root, out, algorithm, timeout))
+
+    def allreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> Any:
+        """Every rank gets the elementwise reduction of every rank's `x` (bitwise the same)."""
+        return self._wait(*self._allreduce(x, op, out, algorithm, timeout))
+
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+               timeout: float | None = None) -> Any:
+        """The root gets every rank's `x` concatenated along axis 0 in rank order; others get None.
+
+        Ranks may pass different numbers of rows; the other dimensions and the dtype must agree.
+        """
+        return self._wait(*self._gather(x, root, out, algorithm, timeout))
+
+    def allgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> Any:
+        """Every rank gets every rank's `x` concatenated along axis 0 in rank order."""
+        return self._wait(*self._allgather(x, out, algorithm, timeout))
+
+    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                timeout: float | None = None) -> Any:
+        """Root's `x` is split along axis 0 as numpy.array_split does; rank r gets part r.
+
+        Non-root ranks pass None (anything they pass is ignored).
+        """
+        return self._wait(*self._scatter(x, root, out, algorithm, timeout))
+
+    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                       timeout: float | None = None) -> Any:
+        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
+        return self._wait(*self._reduce_scatter(x, op, out, algorithm, timeout))
+
+    def barrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> None:
         """Return only once every rank has entered the barrier."""
-        algorithm = check_algorithm("barrier", algorithm)
-        self._run("barrier", collectives.barrier(self._ring, self._ring.next_tag(), algorithm))
+        self._wait(*self._barrier(algorithm, timeout))
+
+    # ---- nonblocking: same arguments, return a request; wait() returns the result ----
+
+    def ibroadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `broadcast`."""
+        return self._start(*self._broadcast(x, root, out, algorithm, timeout))
+
+    def ireduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `reduce`."""
+        return self._start(*self._reduce(x, op, root, out, algorithm, timeout))
+
+    def iallreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `allreduce`."""
+        return self._start(*self._allreduce(x, op, out, algorithm, timeout))
+
+    def igather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `gather`."""
+        return self._start(*self._gather(x, root, out, algorithm, timeout))
+
+    def iallgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+                   timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `allgather`."""
+        return self._start(*self._allgather(x, out, algorithm, timeout))
+
+    def iscatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                 timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `scatter`."""
+        return self._start(*self._scatter(x, root, out, algorithm, timeout))
+
+    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                        timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `reduce_scatter`."""
+        return self._start(*self._reduce_scatter(x, op, out, algorithm, timeout))
+
+    def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `barrier`: wait() returns once every rank has entered."""
+        return self._start(*self._barrier(algorithm, timeout))
+
+
+def _env_timeout() -> float:
+    text = os.environ["MPIRING_TIMEOUT"]
+    try:
+        return float(text)
+    except ValueError:
+        raise ArgumentError("Communicator", "MPIRING_TIMEOUT", f"must be a number of seconds, got {text!r}") from None

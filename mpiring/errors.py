@@ -42,3 +42,22 @@ class CollectiveMismatchError(MpiringError):
     def __init__(self, collective: str, problem: str) -> None:
         self.collective = collective
         super().__init__(f"{collective}: {problem}")
+
+
+class CollectiveTimeout(MpiringError, TimeoutError):
+    """A collective waited longer than its timeout (``timeout=`` or ``MPIRING_TIMEOUT``).
+
+    Names the collective, the algorithm, the step it was in and the peer ranks whose messages
+    had not arrived or been taken: usually a rank that skipped the collective, called a different
+    one, or died. The communicator is left with messages in flight and should not be used again.
+    """
+
+    def __init__(self, collective: str, algorithm: str, step: int, waiting_on: list[str], seconds: float) -> None:
+        self.collective = collective
+        self.algorithm = algorithm
+        self.step = step
+        self.waiting_on = waiting_on
+        super().__init__(
+            f"{collective} ({algorithm}) timed out after {seconds:g} s in step {step}, "
+            f"still waiting to {', '.join(waiting_on)}"
+        )

@@ -13,14 +13,15 @@ All waiting happens in `Ring.complete`, the one place a timeout belongs.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
-from mpiring.errors import CommunicationError
+from mpiring.errors import CollectiveTimeout, CommunicationError
 
 # Tags cycle through this range; each collective call takes the next one, so messages of two
 # calls in flight at once (nonblocking collectives) never match each other's receives.
@@ -62,11 +63,25 @@ class Traffic:
 
 @dataclass
 class Step:
-    """The messages one step of an algorithm has posted, and the sizes its receives expect."""
+    """The messages one step of an algorithm has posted, and what to check once they complete."""
 
     requests: list[MPI.Request] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)  # per request: "receive from rank 3", "send to rank 1"
     # (index into requests, expected bytes, source rank) for every receive
     receives: list[tuple[int, int, int]] = field(default_factory=list)
+    # work to do once every message has arrived (a staged receive's copy to the device)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass
+class Call:
+    """One collective call as the driver sees it: what to name in errors, and how long to wait."""
+
+    collective: str
+    algorithm: str  # as asked for; the collective replaces "auto" with the one it chose
+    tag: int
+    timeout: float | None = None
+    step: int = 0  # steps completed so far
 
 
 Steps = Generator[Step, None, Any]
@@ -114,43 +129,75 @@ class Ring:
         comm = self.comm
         traffic = self.traffic
         for buf, source in receives:
+            message, after = backend.receive_message(buf)
             step.receives.append((len(step.requests), buf.nbytes, source))
-            step.requests.append(comm.Irecv(backend.message(buf), source, tag))
+            step.requests.append(comm.Irecv(message, source, tag))
+            step.peers.append(f"receive from rank {source}")
+            if after is not None:
+                step.after.append(after)
             traffic.bytes_received += buf.nbytes
         if sends:
             backend.ready_for_mpi()
         for buf, dest in sends:
-            step.requests.append(comm.Isend(backend.message(buf), dest, tag))
+            step.requests.append(comm.Isend(backend.send_message(buf), dest, tag))
+            step.peers.append(f"send to rank {dest}")
             traffic.bytes_sent += buf.nbytes
             traffic.messages += 1
         return step
 
-    def complete(self, step: Step, collective: str) -> None:
-        """Wait for every message of a step; check each receive got the size it expected."""
+    def complete(self, step: Step, call: Call) -> None:
+        """Wait for every message of a step, then check and finish its receives.
+
+        Without a timeout this is one MPI Waitall. With one, it polls with a growing pause (so
+        oversubscribed ranks leave the cores to the ranks doing work) and raises
+        CollectiveTimeout naming the peers whose messages are still outstanding.
+        """
         statuses = [MPI.Status() for _ in step.requests] if step.receives else None
         try:
-            MPI.Request.Waitall(step.requests, statuses)
+            if call.timeout is None:
+                MPI.Request.Waitall(step.requests, statuses)
+            else:
+                self._poll(step, statuses, call)
         except MPI.Exception as error:
-            raise CommunicationError(
-                collective,
-                f"MPI failed on rank {self.rank}: {error.Get_error_string()} "
-                "(did the ranks pass different shapes, lengths or dtypes?)",
-            ) from error
-        if statuses is not None:
-            self._check_sizes(step, statuses, collective)
+            raise self._mpi_error(call, error) from error
+        self._finish(step, statuses, call)
 
-    def is_complete(self, step: Step, collective: str) -> bool:
-        """Whether every message of a step has finished, without waiting."""
+    def is_complete(self, step: Step, call: Call) -> bool:
+        """Whether every message of a step has finished (then checked and finished), without waiting."""
         statuses = [MPI.Status() for _ in step.requests] if step.receives else None
         try:
             done = MPI.Request.Testall(step.requests, statuses)
         except MPI.Exception as error:
-            raise CommunicationError(
-                collective, f"MPI failed on rank {self.rank}: {error.Get_error_string()}"
-            ) from error
-        if done and statuses is not None:
-            self._check_sizes(step, statuses, collective)
+            raise self._mpi_error(call, error) from error
+        if done:
+            self._finish(step, statuses, call)
         return done
+
+    def _poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+        deadline = time.monotonic() + call.timeout
+        pause = 0.0
+        while not MPI.Request.Testall(step.requests, statuses):
+            now = time.monotonic()
+            if now >= deadline:
+                waiting = [peer for request, peer in zip(step.requests, step.peers, strict=True) if not request.Test()]
+                raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+            if pause:
+                time.sleep(min(pause, deadline - now))
+            pause = min(max(pause * 2, 1e-5), 1e-3)  # spin once, then 10 us doubling to 1 ms
+
+    def _finish(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+        if statuses is not None:
+            self._check_sizes(step, statuses, call.collective)
+        for work in step.after:
+            work()
+        call.step += 1
+
+    def _mpi_error(self, call: Call, error: MPI.Exception) -> CommunicationError:
+        return CommunicationError(
+            call.collective,
+            f"MPI failed on rank {self.rank} in step {call.step}: {error.Get_error_string()} "
+            "(did the ranks pass different shapes, lengths or dtypes?)",
+        )
 
     def _check_sizes(self, step: Step, statuses: list[MPI.Status], collective: str) -> None:
         for index, expected, source in step.receives:
@@ -163,24 +210,27 @@ class Ring:
                 )
 
 
-def run_to_end(ring: Ring, steps: Steps, collective: str) -> Any:
+def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
     """Drive an algorithm to its end, blocking; return the generator's return value."""
     try:
         step = next(steps)
         while True:
-            ring.complete(step, collective)
+            ring.complete(step, call)
             step = steps.send(None)
     except StopIteration as finished:
         return finished.value
 
 
 class CollectiveRequest:
-    """A collective in flight. It advances only inside test() and wait(): no helper thread."""
+    """A collective in flight. It advances only inside test() and wait(): no helper thread.
 
-    def __init__(self, ring: Ring, steps: Steps, collective: str) -> None:
+    Several may be in flight at once on one communicator: each call has its own tag.
+    """
+
+    def __init__(self, ring: Ring, steps: Steps, call: Call) -> None:
         self._ring = ring
         self._steps = steps
-        self._collective = collective
+        self._call = call
         self._done = False
         self._result: Any = None
         self._step: Step | None = None
@@ -194,13 +244,20 @@ class CollectiveRequest:
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True once the collective is done."""
-        while not self._done and self._ring.is_complete(self._step, self._collective):
+        while not self._done and self._ring.is_complete(self._step, self._call):
             self._advance()
         return self._done
 
     def wait(self) -> Any:
-        """Block until the collective is done and return its result."""
+        """Block until the collective is done and return its result (None for barrier)."""
         while not self._done:
-            self._ring.complete(self._step, self._collective)
+            self._ring.complete(self._step, self._call)
             self._advance()
+        return self._result
+
+    @property
+    def result(self) -> Any:
+        """The collective's result once test() has returned True (or wait() returned)."""
+        if not self._done:
+            raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
         return self._result

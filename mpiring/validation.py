@@ -12,6 +12,7 @@ from mpiring.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from mpiring.backend import SUPPORTED_DTYPES, NumpyBackend
 from mpiring.errors import ArgumentError
 from mpiring.ops import op_problem
+from mpiring.selection import AUTO, environment_choice
 
 _DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
 
@@ -48,12 +49,17 @@ def check_root(collective: str, root: Any, size: int) -> int:
 
 
 def check_algorithm(collective: str, algorithm: Any) -> str:
+    """The algorithm asked for: `algorithm=`, else MPIRING_ALGO, else the default ("auto")."""
+    argument = "algorithm"
+    if algorithm is None:
+        algorithm = environment_choice(collective)
+        argument = "MPIRING_ALGO"
     if algorithm is None:
         return DEFAULT_ALGORITHM
     known = ALGORITHMS[collective]
-    if algorithm not in known:
+    if algorithm != AUTO and algorithm not in known:
         raise ArgumentError(
-            collective, "algorithm", f"unknown algorithm {algorithm!r}; expected one of {', '.join(known)}"
+            collective, argument, f"unknown algorithm {algorithm!r}; expected auto or one of {', '.join(known)}"
         )
     return algorithm
 
@@ -78,3 +84,11 @@ def check_out(collective: str, out: Any, shape: tuple[int, ...], dtype: Any, bac
     if problem:
         raise ArgumentError(collective, "out", problem)
     return out
+
+
+def check_timeout(collective: str, timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        raise ArgumentError(collective, "timeout", f"must be a positive number of seconds or None, got {timeout!r}")
+    return float(timeout)

@@ -28,4 +28,4 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "barrier": {"ring": barrier_ring},
 }
 
-DEFAULT_ALGORITHM = "ring"
+DEFAULT_ALGORITHM = "auto"  # mpiring.selection picks by message and world size

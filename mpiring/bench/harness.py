@@ -1,0 +1,230 @@
+"""The one harness every collective shares: sizes, buffers, timing, checking, aggregation.
+
+For each size, on every rank:
+1. buffers are made once (inputs hold small integers, so every reduction order gives the same
+   bits and mpiring's result can be compared with MPI's exactly);
+2. `--warmup` untimed runs of mpiring's collective, the native one and the ceiling;
+3. a check: one run of each into sentinel-filled results; `#wrong` counts the elements of
+   mpiring's result that differ from the native result, summed over ranks;
+4. `--reps` rounds of timed batches. In each round mpiring's collective, the native one and the
+   ceiling each run one batch of `--iters` iterations, so a disturbance from outside (the
+   machine is shared) hits all three alike. A batch starts after a barrier and its time per
+   iteration is (MPI.Wtime() after - before) / iters;
+5. each rank keeps its median batch for each of the three; the report gives the mean over ranks
+   (avg, as OSU and nccl-tests do) and the min and max over ranks. Bandwidths use the avg.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy
+from mpi4py import MPI
+
+from mpiring.bench.device import Device
+from mpiring.bench.options import Options
+from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
+from mpiring.ops import AVG, PROD
+
+# Fills for result buffers before the check: outside every value the inputs can produce, and
+# different, so an element that either side failed to write shows up as wrong.
+OURS_SENTINEL, NATIVE_SENTINEL = 113, 127
+# Reduction inputs stay tiny so sums over 8+ ranks stay exact even in float16 and int8.
+_SUM_RANGE = 4
+# Data movers get rank-dependent values, so a block delivered to the wrong place shows up.
+_MOVE_RANGE = 97
+
+
+@dataclass
+class Result:
+    """One row of the report; field order is the CSV/JSON column order."""
+
+    collective: str
+    algorithm: str
+    ranks: int
+    device: str
+    dtype: str
+    op: str | None
+    root: int | None
+    size_bytes: int
+    count: int
+    bus_factor: float
+    time_us: float
+    time_min_us: float
+    time_max_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    native_time_us: float
+    native_time_min_us: float
+    native_time_max_us: float
+    native_algbw_gbs: float
+    native_busbw_gbs: float
+    ratio: float  # native time / mpiring time: > 1 means mpiring is faster
+    ceiling_time_us: float
+    ceiling_busbw_gbs: float
+    efficiency_pct: float | None  # ceiling time / mpiring time; None with one rank (no messages)
+    wrong: int
+
+
+def sweep(row: Collective, options: Options, world_size: int) -> list[tuple[int, int]]:
+    """The (count, S bytes) pairs to run: S from min to max, multiplied by the factor.
+
+    S is rounded down to whole elements (per rank where S counts every rank's block), with at
+    least one element when S > 0; sizes that round to the same count run once.
+    """
+    if row.input_elems(1, world_size, True) is None and row.output_elems(1, world_size, True) is None:
+        return [(0, 0)]  # moves no data (barrier): one row
+    unit = options.dtype.itemsize * (world_size if row.per_rank else 1)
+    counts: list[int] = []
+    size = options.min_bytes
+    while size <= options.max_bytes:
+        count = max(1, size // unit) if size else 0
+        if count not in counts:
+            counts.append(count)
+        size = max(size + 1, int(size * options.factor))
+    return [(count, count * unit) for count in counts]
+
+
+def bandwidths(nbytes: int, seconds: float, factor: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s), nccl-tests' definitions."""
+    algbw = nbytes / seconds / 1e9 if nbytes and seconds > 0 else 0.0
+    return algbw, algbw * factor
+
+
+def input_values(elems: int, rank: int, dtype: numpy.dtype, op: str, reduces: bool) -> numpy.ndarray:
+    """Deterministic rank-dependent inputs whose reductions are exact in any order."""
+    i = numpy.arange(elems, dtype=numpy.int64)
+    if not reduces:
+        values = (i + 7 * rank) % _MOVE_RANGE
+    elif op == PROD:
+        values = 1 + (i + rank) % 2  # products are powers of two: exact, or wrap alike in ints
+    else:
+        values = (i + 3 * rank) % _SUM_RANGE
+    return values.astype(dtype)
+
+
+def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtype: numpy.dtype) -> Buffers:
+    at_root = setup.rank == setup.root
+    n_in = row.input_elems(count, setup.size, at_root)
+    n_out = row.output_elems(count, setup.size, at_root)
+    host = None if n_in is None else input_values(n_in, setup.rank, dtype, setup.op, row.reduces)
+    x = None if host is None else device.put(device.xp, host)
+    if row.in_place:
+        native = device.put(device.native_xp, host.copy())
+        return Buffers(x=x, ours=x, native_x=native, native=native)
+    native_x = x if device.native_xp is device.xp or host is None else device.put(device.native_xp, host)
+    return Buffers(
+        x=x,
+        ours=None if n_out is None else device.xp.empty(n_out, dtype),
+        native_x=native_x,
+        native=None if n_out is None else device.native_xp.empty(n_out, dtype),
+    )
+
+
+def ceiling_runner(
+    p2p: MPI.Intracomm, steps: list[CeilingStep], itemsize: int, xp: Any
+) -> Callable[[], None]:
+    """A call that replays a ring schedule with bare point-to-point calls on fixed buffers.
+
+    Every call and buffer view is built here, once, so the timed loop does nothing but MPI.
+    """
+    size, rank = p2p.Get_size(), p2p.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    send_buf = xp.empty(max([s or 0 for s, _ in steps], default=0) * itemsize, numpy.uint8)
+    recv_buf = xp.empty(max([r or 0 for _, r in steps], default=0) * itemsize, numpy.uint8)
+    calls = []
+    for send, receive in steps:
+        out = None if send is None else [send_buf[: send * itemsize], MPI.BYTE]
+        into = None if receive is None else [recv_buf[: receive * itemsize], MPI.BYTE]
+        if out is not None and into is not None:
+            calls.append(partial(p2p.Sendrecv, out, right, 0, into, left, 0))
+        elif out is not None:
+            calls.append(partial(p2p.Send, out, right, 0))
+        else:
+            calls.append(partial(p2p.Recv, into, left, 0))
+
+    def replay() -> None:
+        for call in calls:
+            call()
+
+    return replay
+
+
+def time_batch(world: MPI.Intracomm, call: Callable[[], Any], iters: int, device: Device) -> float:
+    """Seconds per iteration of `iters` back-to-back calls, started together after a barrier."""
+    device.synchronize()
+    world.Barrier()
+    start = MPI.Wtime()
+    for _ in range(iters):
+        call()
+    device.synchronize()
+    return (MPI.Wtime() - start) / iters
+
+
+def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device) -> int:
+    """Elements of mpiring's result on this rank that differ from the native result.
+
+    Collective: every rank runs both calls, also those that get no result (gather off the root).
+    """
+    has_result = buffers.ours is not None
+    if has_result and (not row.in_place or setup.rank != setup.root):  # in place, root's is input
+        buffers.ours.fill(OURS_SENTINEL)
+        buffers.native.fill(NATIVE_SENTINEL)
+    device.synchronize()
+    row.ours(setup, buffers)
+    row.native(setup, buffers)
+    device.synchronize()
+    if not has_result:
+        return 0
+    ours, native = device.to_host(buffers.ours), device.to_host(buffers.native).copy()
+    if row.reduces and setup.op == AVG:  # the native side summed; divide as mpiring's avg does
+        numpy.true_divide(native, setup.size, out=native)
+    return int(numpy.count_nonzero(ours != native))
+
+
+def measure(
+    row: Collective, setup: Setup, device: Device, p2p: MPI.Intracomm, count: int, nbytes: int,
+    options: Options, algorithm_label: str,
+) -> Result:
+    """Run one size of one collective (collective over all ranks); every rank gets the Result."""
+    world = setup.mpi
+    buffers = make_buffers(row, setup, device, count, options.dtype)
+    steps = row.ceiling(setup.size, setup.rank, setup.root, count, options.dtype.itemsize)
+    calls = (
+        partial(row.ours, setup, buffers),
+        partial(row.native, setup, buffers),
+        ceiling_runner(p2p, steps, options.dtype.itemsize, device.native_xp),
+    )
+    for call in calls:
+        for _ in range(options.warmup):
+            call()
+    wrong = count_wrong(row, setup, buffers, device)
+    batches: list[list[float]] = [[] for _ in calls]
+    for _ in range(options.reps):
+        for call, times in zip(calls, batches, strict=True):
+            times.append(time_batch(world, call, options.iters, device))
+    mine = numpy.array([statistics.median(times) for times in batches])
+    low, high, total = (numpy.empty_like(mine) for _ in range(3))
+    world.Allreduce(mine, low, MPI.MIN)
+    world.Allreduce(mine, high, MPI.MAX)
+    world.Allreduce(mine, total, MPI.SUM)
+    avg = total / setup.size
+    wrong = world.allreduce(wrong, MPI.SUM)
+    factor = row.bus_factor(setup.size)
+    ours_bw, native_bw, ceiling_bw = (bandwidths(nbytes, t, factor) for t in avg)
+    us = 1e6
+    return Result(
+        collective=row.name, algorithm=algorithm_label, ranks=setup.size, device=device.name,
+        dtype=options.dtype.name, op=setup.op if row.reduces else None,
+        root=setup.root if row.rooted else None, size_bytes=nbytes, count=count, bus_factor=factor,
+        time_us=avg[0] * us, time_min_us=low[0] * us, time_max_us=high[0] * us,
+        algbw_gbs=ours_bw[0], busbw_gbs=ours_bw[1],
+        native_time_us=avg[1] * us, native_time_min_us=low[1] * us, native_time_max_us=high[1] * us,
+        native_algbw_gbs=native_bw[0], native_busbw_gbs=native_bw[1],
+        ratio=avg[1] / avg[0], ceiling_time_us=avg[2] * us, ceiling_busbw_gbs=ceiling_bw[1],
+        efficiency_pct=100 * avg[2] / avg[0] if setup.size > 1 else None, wrong=wrong,
+    )

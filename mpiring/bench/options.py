@@ -1,0 +1,210 @@
+"""The benchmark's command line: flags, size suffixes, and every check that can be made before
+any message moves (so bad flags fail cleanly on every rank instead of hanging the job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+
+from mpiring.backend import SUPPORTED_DTYPES
+from mpiring.ops import OPS, SUM, op_problem
+
+COLLECTIVE_NAMES = (
+    "broadcast", "reduce", "allreduce", "gather", "allgather", "scatter", "reduce_scatter", "barrier",
+)
+PROG = "mpiring-bench"
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+class UsageError(Exception):
+    """A request the benchmark cannot carry out. Raised alike on every rank, so no rank hangs."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """The parsed and checked command line."""
+
+    collectives: tuple[str, ...]
+    min_bytes: int
+    max_bytes: int
+    factor: float
+    dtype: numpy.dtype
+    op: str
+    root: int
+    device: str
+    algorithm: str | None  # None: mpiring's default; "all": every algorithm of each collective
+    warmup: int
+    iters: int
+    reps: int
+    csv: str | None
+    json: str | None
+    plot: str | None
+
+
+def parse_bytes(text: str) -> int:
+    """'4096', '1K', '16M', '1G', '2KiB', '8MB' -> bytes (binary suffixes: K = 1024, as nccl-tests)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (examples: 512, 1K, 16M, 1G)")
+    return int(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+
+
+def format_bytes(n: int) -> str:
+    """The shortest exact binary-suffixed form: 1024 -> '1K', 3 << 20 -> '3M', 1000 -> '1000'."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = _SUFFIXES[suffix]
+        if n and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return str(n)
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher tells it, before MPI starts (0 outside mpirun)."""
+    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that speaks only on rank 0: under mpirun every rank parses the same flags."""
+
+    def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001 - argparse's signature
+        if launcher_rank() == 0:
+            super()._print_message(message, file)
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return convert
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="mpiring's collectives against mpi4py's native ones and a point-to-point ceiling, "
+        "nccl-tests style. Run under mpirun, e.g.  mpirun -n 4 python -m mpiring.bench -c allreduce -e 16M",
+    )
+    dtype_names = [d.name for d in SUPPORTED_DTYPES]
+    add = parser.add_argument
+    add("-c", "--collective", default="all", choices=(*COLLECTIVE_NAMES, "all"), metavar="NAME",
+        help=f"one of {', '.join(COLLECTIVE_NAMES)}, or all (default)")
+    add("-b", "--min-bytes", type=parse_bytes, default=8, metavar="SIZE",
+        help="smallest size S, suffixes K M G (default 8)")
+    add("-e", "--max-bytes", type=parse_bytes, default=64 << 20, metavar="SIZE",
+        help="largest size S (default 64M)")
+    add("-f", "--factor", type=float, default=2.0, help="size multiplier between steps (default 2)")
+    add("-d", "--dtype", default="float32", choices=dtype_names, metavar="DTYPE",
+        help=f"element type (default float32): {', '.join(dtype_names)}")
+    add("-o", "--op", default=SUM, choices=OPS,
+        help="reduction of reduce, allreduce, reduce_scatter (default sum)")
+    add("-r", "--root", type=_nonnegative_int, default=0,
+        help="root of broadcast, reduce, gather, scatter (default 0)")
+    add("--device", default="cpu", choices=("cpu", "gpu"),
+        help="host NumPy or GPU CuPy buffers (default cpu)")
+    add("-a", "--algorithm", default=None, metavar="NAME",
+        help="a name in mpiring.algorithms.ALGORITHMS, auto, or all to sweep every one (default: mpiring's)")
+    add("-w", "--warmup", type=_nonnegative_int, default=5, help="untimed iterations per size (default 5)")
+    add("-n", "--iters", type=_positive(int), default=20, help="iterations per timed batch (default 20)")
+    add("--reps", type=_positive(int), default=5,
+        help="timed batches per size; each rank keeps its median batch (default 5)")
+    add("--csv", metavar="FILE", help="write the results as CSV")
+    add("--json", metavar="FILE", help="write the results and the run's metadata as JSON")
+    add("--plot", metavar="FILE.png", help="plot busbw against size (needs matplotlib)")
+    return parser
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    """Parse and check the command line; exits with status 2 and a message on a bad flag."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _check(args)
+    except UsageError as error:
+        parser.error(str(error))
+    raise AssertionError("unreachable: parser.error exits")
+
+
+def _check(args: argparse.Namespace) -> Options:
+    collectives = COLLECTIVE_NAMES if args.collective == "all" else (args.collective,)
+    if args.min_bytes > args.max_bytes:
+        raise UsageError(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
+    if args.factor <= 1 and args.min_bytes != args.max_bytes:
+        raise UsageError(f"--factor must be > 1 to sweep from --min-bytes to --max-bytes, got {args.factor}")
+    dtype = numpy.dtype(args.dtype)
+    from mpiring.bench.table import COLLECTIVES
+
+    if any(COLLECTIVES[name].reduces for name in collectives):
+        problem = op_problem(args.op, dtype.kind)
+        if problem:
+            raise UsageError(f"--op {args.op} with --dtype {dtype}: {problem}")
+    if args.algorithm is not None:
+        _check_algorithm(args.algorithm, collectives)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib (or mpiring[bench])")
+    for flag in ("csv", "json", "plot"):
+        path = getattr(args, flag)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"--{flag} {path}: no such directory")
+    return Options(
+        collectives=tuple(collectives), min_bytes=args.min_bytes, max_bytes=args.max_bytes,
+        factor=args.factor, dtype=dtype, op=args.op, root=args.root, device=args.device,
+        algorithm=args.algorithm, warmup=args.warmup, iters=args.iters, reps=args.reps,
+        csv=args.csv, json=args.json, plot=args.plot,
+    )
+
+
+def algorithms_for(collective: str, requested: str | None) -> list[str | None]:
+    """The algorithms to run for a collective: [requested], or every one for 'all'."""
+    if requested != "all":
+        return [requested]
+    from mpiring.algorithms import ALGORITHMS
+
+    names: list[str | None] = list(ALGORITHMS[collective])
+    if "auto" not in names and _accepts(collective, "auto"):
+        names.append("auto")
+    return names
+
+
+def _accepts(collective: str, algorithm: str) -> bool:
+    """Whether mpiring itself accepts `algorithm=` for this collective (its own check decides)."""
+    from mpiring.errors import ArgumentError
+    from mpiring.validation import check_algorithm
+
+    try:
+        check_algorithm(collective, algorithm)
+    except ArgumentError:
+        return False
+    return True
+
+
+def _check_algorithm(algorithm: str, collectives: tuple[str, ...]) -> None:
+    if algorithm == "all":
+        return
+    missing = [name for name in collectives if not _accepts(name, algorithm)]
+    if missing:
+        from mpiring.algorithms import ALGORITHMS
+
+        known = "; ".join(f"{name}: {', '.join(ALGORITHMS[name])}" for name in missing)
+        raise UsageError(f"--algorithm {algorithm} is unknown to {', '.join(missing)} (known: {known})")
+

@@ -1,0 +1,272 @@
+"""What each collective brings to the benchmark: one row per collective, nothing else.
+
+As in nccl-tests (src/common.h), a collective supplies only its pieces and the harness
+(`mpiring.bench.harness`) does the timing, checking and reporting once:
+
+- `per_rank`: whether the size S counts every rank's block (S = count * typesize * n, count
+  per rank) or one array (S = count * typesize);
+- `bus_factor(n)`: busbw = algbw * bus_factor, nccl-tests' factors;
+- `input_elems` / `output_elems`: buffer lengths on this rank (None: no buffer here);
+- `ours` / `native`: one call of mpiring's collective and of mpi4py's own one;
+- `ceiling`: the point-to-point schedule of mpiring's ring algorithm for that collective, as a
+  list of steps `(elements sent right | None, elements received from left | None)`. The harness
+  replays it with bare Sendrecv/Send/Recv on preallocated buffers: no reduction, no Python
+  bookkeeping, so its time is what the transport allows for the ring's messages.
+
+Every ring algorithm sends only to its right neighbour (rank+1) and receives only from its left
+(rank-1), which is why a step needs no peer ranks.
+
+    | collective     | S (bytes)          | bus factor | ring schedule replayed as the ceiling       |
+    | allreduce      | count*typesize     | 2(n-1)/n   | n-1 shifts of count/n chunks, twice         |
+    | reduce_scatter | count*typesize*n   | (n-1)/n    | n-1 shifts of one block                     |
+    | allgather      | count*typesize*n   | (n-1)/n    | n-1 shifts of one block                     |
+    | reduce         | count*typesize     | 1          | n-1 shifts, then chunks chained to the root |
+    | broadcast      | count*typesize     | 1          | segments pipelined down the chain           |
+    | gather         | count*typesize*n   | (n-1)/n    | blocks chained to the root, farthest first  |
+    | scatter        | count*typesize*n   | (n-1)/n    | blocks chained from the root, farthest first|
+    | barrier        | 0                  | -          | a 0-byte token around the ring twice        |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+from mpi4py import MPI
+
+from mpiring.bench.options import UsageError
+from mpiring.ops import AVG, MAX, MIN, PROD, SUM
+from mpiring.ring import split_bounds
+
+# One ceiling step: elements sent to the right neighbour, elements received from the left one.
+CeilingStep = tuple[int | None, int | None]
+CeilingSchedule = Callable[[int, int, int, int, int], list[CeilingStep]]
+
+# Segment size of the broadcast ceiling's pipelined chain. It mirrors the ring broadcast's
+# segmenting (mpiring/algorithms/broadcast_ring.py) so the ceiling moves the same messages;
+# if the core retunes its segments, retune this with it.
+BROADCAST_SEGMENT_BYTES = 512 * 1024
+
+# mpi4py's native reductions. mpiring's avg is a sum divided by n afterwards, so the native side
+# runs a sum and the check divides (the division is not timed).
+NATIVE_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MIN: MPI.MIN, MAX: MPI.MAX, AVG: MPI.SUM}
+# NumPy reduces bools as logical or / and, but MPI allows only logical ops on C_BOOL.
+NATIVE_BOOL_OPS = {SUM: MPI.LOR, PROD: MPI.LAND, MIN: MPI.LAND, MAX: MPI.LOR}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a row's calls need, fixed for one collective and algorithm."""
+
+    comm: Any  # mpiring.Communicator
+    mpi: MPI.Intracomm  # the communicator the native collective runs on
+    rank: int
+    size: int
+    root: int
+    op: str
+    algorithm: str | None
+    mpi_type: MPI.Datatype
+    mpi_op: MPI.Op
+
+
+@dataclass
+class Buffers:
+    """One size's buffers. `x`/`ours` feed mpiring, `native_x`/`native` feed mpi4py.
+
+    A buffer is None on ranks that have none (scatter's input and gather's result off the root).
+    For in-place rows (broadcast) the input *is* the result: `x is ours`, `native_x is native`.
+    """
+
+    x: Any
+    ours: Any
+    native_x: Any
+    native: Any
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective's entry in the benchmark table (see the module docstring)."""
+
+    name: str
+    per_rank: bool
+    bus_factor: Callable[[int], float]
+    # (count, n, at_root) -> this rank's buffer length in elements; None: no buffer on this rank
+    input_elems: Callable[[int, int, bool], int | None]
+    output_elems: Callable[[int, int, bool], int | None]
+    ours: Callable[[Setup, Buffers], Any]
+    native: Callable[[Setup, Buffers], Any]
+    ceiling: CeilingSchedule  # (n, rank, root, count, itemsize) -> steps
+    reduces: bool = False  # takes --op
+    rooted: bool = False  # takes --root
+    in_place: bool = False  # the input buffer receives the result
+
+
+def native_datatype(dtype: numpy.dtype, reduces: bool) -> MPI.Datatype:
+    """The MPI datatype the native collective sees. Data movers get raw bytes, as mpiring's
+    transport sends them; reductions need MPI's own type for the dtype."""
+    if not reduces:
+        return MPI.BYTE
+    try:
+        return MPI.Datatype.fromcode(dtype.char)
+    except (KeyError, ValueError) as error:
+        raise UsageError(f"--dtype {dtype}: this MPI has no datatype to reduce it ({error})") from None
+
+
+def native_op(op: str, dtype: numpy.dtype) -> MPI.Op:
+    return (NATIVE_BOOL_OPS if dtype.kind == "b" else NATIVE_OPS)[op]
+
+
+def _typed(setup: Setup, buf: Any) -> list | None:
+    return None if buf is None else [buf, setup.mpi_type]
+
+
+# ---- ceiling schedules: the ring algorithms' messages, sizes in elements ---------------------
+
+
+def _shifts(n: int, sizes: list[int], first: int) -> list[CeilingStep]:
+    """n-1 ring shifts: step s sends chunk (first - s) and receives chunk (first - s - 1)."""
+    return [(sizes[(first - s) % n], sizes[(first - s - 1) % n]) for s in range(n - 1)]
+
+
+def _chunks(count: int, n: int) -> list[int]:
+    bounds = split_bounds(count, n)
+    return [bounds[k + 1] - bounds[k] for k in range(n)]
+
+
+def _to_root(n: int, rank: int, root: int, sizes: list[int]) -> list[CeilingStep]:
+    """Ring gather: position q forwards blocks q, q-1, ..., 1; the root takes n-1 blocks."""
+    q = (rank - root) % n
+
+    def block(position: int) -> int:
+        return sizes[(root + position) % n]
+
+    if q == 0:
+        return [(None, block(n - 1 - s)) for s in range(n - 1)]
+    return [(block(q - s), block(q - 1 - s) if s < q - 1 else None) for s in range(q)]
+
+
+def _from_root(n: int, rank: int, root: int, sizes: list[int]) -> list[CeilingStep]:
+    """Ring scatter: the root sends blocks n-1, ..., 1; position q keeps block q, forwards the rest."""
+    q = (rank - root) % n
+
+    def block(position: int) -> int:
+        return sizes[(root + position) % n]
+
+    if q == 0:
+        return [(block(n - 1 - t), None) for t in range(n - 1)]
+    return [(block(q + n - 1 - t) if t >= q else None, block(q + n - 2 - t)) for t in range(q - 1, n - 1)]
+
+
+def _chain(n: int, rank: int, root: int, count: int, itemsize: int) -> list[CeilingStep]:
+    """Pipelined broadcast chain: at step t, position q forwards segment t-q, receives t-q+1."""
+    if n == 1:
+        return []
+    nbytes = count * itemsize
+    # As the ring broadcast: segments only pay off when some rank both receives and forwards.
+    segments = 1 if n <= 2 or nbytes <= BROADCAST_SEGMENT_BYTES else -(-nbytes // BROADCAST_SEGMENT_BYTES)
+    seg = _chunks(count, segments)
+    q, last = (rank - root) % n, n - 1
+    first_step = 0 if q == 0 else q - 1
+    final_step = segments - 1 + (q if q < last else q - 1)
+    steps = []
+    for t in range(first_step, final_step + 1):
+        send = seg[t - q] if q < last and 0 <= t - q < segments else None
+        receive = seg[t - q + 1] if q > 0 and 0 <= t - q + 1 < segments else None
+        steps.append((send, receive))
+    return steps
+
+
+def _token_laps(n: int, rank: int, root: int, count: int, itemsize: int) -> list[CeilingStep]:
+    """Ring barrier: a 0-byte token collects everyone (lap one), then releases them (lap two)."""
+    if n == 1:
+        return []
+    if rank == 0:
+        return [(0, 0), (0, None)]
+    return [(None, 0), (0, 0)] + ([(0, None)] if rank != n - 1 else [])
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective(
+            "broadcast", per_rank=False, rooted=True, in_place=True,
+            bus_factor=lambda n: 1.0,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.broadcast(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Bcast(_typed(s, b.native), s.root),
+            ceiling=_chain,
+        ),
+        Collective(
+            "reduce", per_rank=False, reduces=True, rooted=True,
+            bus_factor=lambda n: 1.0,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c if at_root else None,
+            ours=lambda s, b: s.comm.reduce(b.x, s.op, s.root, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Reduce(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op, s.root),
+            ceiling=lambda n, r, root, c, _: _shifts(n, _chunks(c, n), r - 1) + _to_root(
+                n, r, root, _chunks(c, n)
+            ),
+        ),
+        Collective(
+            "allreduce", per_rank=False, reduces=True,
+            bus_factor=lambda n: 2 * (n - 1) / n,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.allreduce(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Allreduce(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
+            ceiling=lambda n, r, root, c, _: _shifts(n, _chunks(c, n), r - 1) + _shifts(n, _chunks(c, n), r),
+        ),
+        Collective(
+            "gather", per_rank=True, rooted=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c * n if at_root else None,
+            ours=lambda s, b: s.comm.gather(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Gather(_typed(s, b.native_x), _typed(s, b.native), s.root),
+            ceiling=lambda n, r, root, c, _: _to_root(n, r, root, [c] * n),
+        ),
+        Collective(
+            "allgather", per_rank=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c * n,
+            ours=lambda s, b: s.comm.allgather(b.x, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Allgather(_typed(s, b.native_x), _typed(s, b.native)),
+            ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
+        ),
+        Collective(
+            "scatter", per_rank=True, rooted=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c * n if at_root else None,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.scatter(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Scatter(_typed(s, b.native_x), _typed(s, b.native), s.root),
+            ceiling=lambda n, r, root, c, _: _from_root(n, r, root, [c] * n),
+        ),
+        Collective(
+            "reduce_scatter", per_rank=True, reduces=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c * n,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.reduce_scatter(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Reduce_scatter_block(
+                _typed(s, b.native_x), _typed(s, b.native), s.mpi_op
+            ),
+            ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r - 1),
+        ),
+        Collective(
+            "barrier", per_rank=False,
+            bus_factor=lambda n: 0.0,  # moves no data: time only
+            input_elems=lambda c, n, at_root: None,
+            output_elems=lambda c, n, at_root: None,
+            ours=lambda s, b: s.comm.barrier(algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Barrier(),
+            ceiling=_token_laps,
+        ),
+    )
+}

@@ -1,0 +1,66 @@
+"""How algorithm="auto" picks an algorithm: switch points by collective, message size and
+world size, kept in this one table. They come from `python -m mpiring.bench --algorithm all`
+on the project's machine; docs/algorithms.md shows the measurements behind them.
+
+Overrides, strongest first: `algorithm=` on the call; the MPIRING_ALGO environment variable
+(one name for every collective that has it, or "allreduce=ring,broadcast=binomial");
+then this table. MPIRING_DEBUG=1 prints, once per collective and choice, which algorithm ran
+and why.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+AUTO = "auto"
+
+# collective -> [(largest message in bytes, algorithm)]; the first row whose bound holds wins.
+# The message size is per rank for the reductions and broadcast, the whole result for
+# gather, all-gather and scatter. None means "any size".
+SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
+    "broadcast": [(None, "ring")],
+    "reduce": [(None, "ring")],
+    "allreduce": [(None, "ring")],
+    "gather": [(None, "ring")],
+    "allgather": [(None, "ring")],
+    "scatter": [(None, "ring")],
+    "reduce_scatter": [(None, "ring")],
+    "barrier": [(None, "ring")],
+}
+
+_announced: set[tuple[str, str]] = set()
+
+
+def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
+    for bound, algorithm in SWITCH_POINTS[collective]:
+        if bound is None:
+            return algorithm, f"auto: the default for {nbytes} B at {world_size} ranks"
+        if nbytes <= bound:
+            return algorithm, f"auto: {nbytes} B <= {bound} B at {world_size} ranks"
+    raise AssertionError(f"no switch point for {collective}")  # each table ends with a None row
+
+
+def environment_choice(collective: str) -> str | None:
+    """The algorithm MPIRING_ALGO names for this collective, if any."""
+    text = os.environ.get("MPIRING_ALGO", "").strip()
+    if not text:
+        return None
+    if "=" not in text:
+        return text
+    for item in text.split(","):
+        name, _, algorithm = item.partition("=")
+        if name.strip() == collective:
+            return algorithm.strip()
+    return None
+
+
+def choose(collective: str, requested: str, nbytes: int, world_size: int) -> str:
+    """The algorithm to run: `requested`, or for "auto" the first switch point that fits."""
+    algorithm, reason = requested, "asked for"
+    if requested == AUTO:
+        algorithm, reason = _switch(collective, nbytes, world_size)
+    if os.environ.get("MPIRING_DEBUG") == "1" and (collective, algorithm) not in _announced:
+        _announced.add((collective, algorithm))
+        sys.stderr.write(f"mpiring: {collective} ran {algorithm} ({reason})\n")
+    return algorithm
