@@ -19,6 +19,7 @@ from oracles import (
 )
 
 import mpiring
+from mpiring.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.mpi
 
@@ -29,6 +30,11 @@ BIG = 70_001  # elements: past the MPI libraries' eager limits for every dtype b
 LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 13, 37, BIG})
 ROOTS = sorted({0, N - 1, N // 2})
 OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d)]
+
+
+def algorithms(collective: str) -> pytest.MarkDecorator:
+    """Run a test once per algorithm of `collective` (every algorithm meets the same oracle)."""
+    return pytest.mark.parametrize("algorithm", list(ALGORITHMS[collective]))
 
 
 def _case_id(case) -> str:
@@ -54,24 +60,26 @@ def _native_reduce(kind, x, op, root=0):
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
-def test_allreduce(comm, case):
+@algorithms('allreduce')
+def test_allreduce(comm, case, algorithm):
     dtype, op = case
     for seed, length in enumerate(LENGTHS):
         inputs = all_inputs(seed, N, length, dtype, op)
-        got = comm.allreduce(inputs[RANK], op=op)
-        assert_same(got, numpy_reduce(op, inputs), f"allreduce {op} {dtype} len {length} vs numpy")
+        got = comm.allreduce(inputs[RANK], op=op, algorithm=algorithm)
+        assert_same(got, numpy_reduce(op, inputs), f"allreduce {algorithm} {op} {dtype} len {length} vs numpy")
         native = _native_reduce("allreduce", inputs[RANK], op)
         if native is not None:
             assert_same(got, native, f"allreduce {op} {dtype} len {length} vs MPI")
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
-def test_reduce(comm, case):
+@algorithms('reduce')
+def test_reduce(comm, case, algorithm):
     dtype, op = case
     for seed, length in enumerate(LENGTHS):
         inputs = all_inputs(seed, N, length, dtype, op)
         for root in ROOTS:
-            got = comm.reduce(inputs[RANK], op=op, root=root)
+            got = comm.reduce(inputs[RANK], op=op, root=root, algorithm=algorithm)
             if RANK != root:
                 assert got is None
             else:
@@ -82,11 +90,12 @@ def test_reduce(comm, case):
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
-def test_reduce_scatter(comm, case):
+@algorithms('reduce_scatter')
+def test_reduce_scatter(comm, case, algorithm):
     dtype, op = case
     for seed, rows in enumerate(LENGTHS):
         inputs = all_inputs(seed, N, (rows, 2), dtype, op)
-        got = comm.reduce_scatter(inputs[RANK], op=op)
+        got = comm.reduce_scatter(inputs[RANK], op=op, algorithm=algorithm)
         want = np.array_split(numpy_reduce(op, inputs), N)[RANK]
         assert_same(got, want, f"reduce_scatter {op} {dtype} rows {rows}")
         if native_supported(dtype, op):
@@ -104,24 +113,26 @@ def _rows_of(rank: int, seed: int) -> int:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_allgather(comm, dtype):
+@algorithms('allgather')
+def test_allgather(comm, dtype, algorithm):
     for seed in range(4):
         blocks = [rank_input(seed, k, (_rows_of(k, seed), 3), dtype) for k in range(N)]
-        got = comm.allgather(blocks[RANK])
+        got = comm.allgather(blocks[RANK], algorithm=algorithm)
         assert_same(got, np.concatenate(blocks), f"allgather {dtype} seed {seed}")
         native = np.empty_like(got)
         WORLD.Allgatherv(blocks[RANK], [native, [b.size for b in blocks]])
         assert_same(got, native, f"allgather {dtype} seed {seed} vs MPI")
     big = [rank_input(9, k, BIG + k, dtype) for k in range(N)]
-    assert_same(comm.allgather(big[RANK]), np.concatenate(big), f"allgather {dtype} large")
+    assert_same(comm.allgather(big[RANK], algorithm=algorithm), np.concatenate(big), f"allgather {dtype} large")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gather(comm, dtype):
+@algorithms('gather')
+def test_gather(comm, dtype, algorithm):
     for seed in range(3):
         blocks = [rank_input(seed, k, (_rows_of(k, seed), 2, 2), dtype) for k in range(N)]
         for root in ROOTS:
-            got = comm.gather(blocks[RANK], root=root)
+            got = comm.gather(blocks[RANK], root=root, algorithm=algorithm)
             native = np.empty((sum(len(b) for b in blocks), 2, 2), dtype) if RANK == root else None
             WORLD.Gatherv(blocks[RANK], [native, [b.size for b in blocks]] if RANK == root else None, root=root)
             if RANK != root:
@@ -130,17 +141,18 @@ def test_gather(comm, dtype):
             assert_same(got, np.concatenate(blocks), f"gather {dtype} seed {seed} root {root}")
             assert_same(got, native, f"gather {dtype} seed {seed} root {root} vs MPI")
     big = [rank_input(9, k, BIG - k, dtype) for k in range(N)]
-    got = comm.gather(big[RANK], root=N - 1)
+    got = comm.gather(big[RANK], root=N - 1, algorithm=algorithm)
     if RANK == N - 1:
         assert_same(got, np.concatenate(big), f"gather {dtype} large")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_scatter(comm, dtype):
+@algorithms('scatter')
+def test_scatter(comm, dtype, algorithm):
     for seed, rows in enumerate(LENGTHS):
         for root in ROOTS:
             full = rank_input(seed, root, (rows, 3), dtype)
-            got = comm.scatter(full if RANK == root else None, root=root)
+            got = comm.scatter(full if RANK == root else None, root=root, algorithm=algorithm)
             part = np.array_split(full, N)[RANK]
             assert_same(got, part, f"scatter {dtype} rows {rows} root {root}")
             counts = [len(p) * 3 for p in np.array_split(full, N)]
@@ -150,12 +162,13 @@ def test_scatter(comm, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_broadcast(comm, dtype):
+@algorithms('broadcast')
+def test_broadcast(comm, dtype, algorithm):
     for seed, length in enumerate(LENGTHS):
         for root in ROOTS:
             data = rank_input(seed, root, (length, 2), dtype)
             mine = data if RANK == root else np.zeros_like(data)
-            got = comm.broadcast(mine, root=root)
+            got = comm.broadcast(mine, root=root, algorithm=algorithm)
             assert_same(got, data, f"broadcast {dtype} len {length} root {root}")
             native = mine.copy()
             WORLD.Bcast(native, root=root)
@@ -259,16 +272,17 @@ def test_out_overlapping_input(comm):
     assert_same(got, numpy_reduce("sum", inputs), "allreduce out overlapping x")
 
 
-def test_barrier(comm, tmp_path_factory):
+@algorithms("barrier")
+def test_barrier(comm, tmp_path_factory, algorithm):
     """No rank leaves the barrier before every rank has entered it: each rank leaves a file
     before entering; after leaving, every rank must see every file of that round."""
-    directory = WORLD.bcast(str(tmp_path_factory.mktemp("barrier")) if RANK == 0 else None, root=0)
+    directory = WORLD.bcast(str(tmp_path_factory.mktemp(f"barrier-{algorithm}")) if RANK == 0 else None, root=0)
     import os
 
     for round_ in range(5):
         with open(os.path.join(directory, f"{round_}-{RANK}"), "w") as marker:
             marker.write("entered")
-        comm.barrier()
+        comm.barrier(algorithm=algorithm)
         seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
         assert len(seen) == N, f"round {round_}: rank {RANK} left the barrier having seen {sorted(seen)}"
 

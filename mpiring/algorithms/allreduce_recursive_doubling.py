@@ -1,0 +1,64 @@
+"""Recursive-doubling all-reduce: in round k each rank swaps its whole vector with the rank
+2^k away and combines the two. Latency-optimal for small messages.
+
+Cost: lg p (alpha + n beta + n gamma)      (p a power of two; n bytes per rank)
+      + 2 (alpha + n beta) + n gamma for the folded ranks otherwise (see power_of_two.py)
+Each rank sends n bytes per round: lg p * n in all (more than the ring's 2(p-1)/p n).
+
+Partners combine as (lower rank's data) op (higher rank's data), so both get the same bits
+even for operations that are not bitwise commutative (min/max of -0.0 and 0.0).
+
+    4 ranks, a b c d
+
+    round 0:  r0 ◄──► r1   r2 ◄──► r3      r0,r1: ab   r2,r3: cd
+    round 1:  r0 ◄──► r2   r1 ◄──► r3      all:   abcd
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.algorithms.power_of_two import Fold
+from mpiring.backend import NumpyBackend
+from mpiring.ring import Ring, Steps
+
+
+def fold_in(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, op: str) -> Steps:
+    """Before the power-of-two stages: each even rank of a folded pair hands its vector over."""
+    if fold.sits_out:
+        yield ring.post(backend, tag, sends=[(work, fold.partner)])
+    elif fold.partner is not None:
+        yield ring.post(backend, tag, receives=[(scratch, fold.partner)])
+        backend.combine(op, scratch, work, work)  # the lower rank's data first
+
+
+def fold_out(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any) -> Steps:
+    """After the power-of-two stages: each odd rank of a folded pair hands the result back."""
+    if fold.sits_out:
+        yield ring.post(backend, tag, receives=[(work, fold.partner)])
+    elif fold.partner is not None:
+        yield ring.post(backend, tag, sends=[(work, fold.partner)])
+
+
+def allreduce_recursive_doubling(
+    ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str
+) -> Steps:
+    """Reduce flat `src` over all ranks into flat `out` (which may be `src` itself)."""
+    if out is not src:
+        backend.copy(out, src)
+    fold = Fold(ring.rank, ring.size)
+    scratch = backend.empty(out.size, out.dtype)
+    yield from fold_in(ring, backend, tag, fold, out, scratch, op)
+    if not fold.sits_out:
+        me = fold.virtual
+        mask = 1
+        while mask < fold.p2:
+            partner = me ^ mask
+            yield ring.post(backend, tag, sends=[(out, fold.real(partner))], receives=[(scratch, fold.real(partner))])
+            if me < partner:
+                backend.combine(op, out, scratch, out)
+            else:
+                backend.combine(op, scratch, out, out)
+            mask <<= 1
+        backend.finish(op, out, ring.size)
+    yield from fold_out(ring, backend, tag, fold, out)

@@ -1,0 +1,58 @@
+"""Binomial-tree gather: each rank collects its subtree's blocks and passes them up in one
+message. Latency-optimal for small messages.
+
+Cost: ceil(lg p) alpha + (p-1)/p n beta      (n bytes gathered, p ranks)
+The root receives (p-1)/p n bytes in ceil(lg p) messages; a rank sends its subtree's blocks once.
+
+Blocks are kept in root-relative order, where every subtree is one contiguous range; the
+root turns them back into rank order (two copies) at the end.
+
+    8 ranks, root 0: the broadcast tree (binomial.py) upside down
+
+    hop 1:  r1 ─1─► r0   r3 ─3─► r2   r5 ─5─► r4   r7 ─7─► r6
+    hop 2:  r2 ─23─► r0  r6 ─67─► r4
+    hop 3:  r4 ─4567─► r0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.algorithms.binomial import BinomialTree
+from mpiring.backend import NumpyBackend
+from mpiring.ring import Ring, Steps
+
+
+def relative_offsets(bounds: list[int], root: int) -> list[int]:
+    """Offsets of the blocks in root-relative order (relative rank j holds rank (root+j) % p)."""
+    p = len(bounds) - 1
+    offsets = [0]
+    for j in range(p):
+        k = (root + j) % p
+        offsets.append(offsets[-1] + bounds[k + 1] - bounds[k])
+    return offsets
+
+
+def to_rank_order(backend: NumpyBackend, relative: Any, out: Any, bounds: list[int], root: int) -> None:
+    """Relative rank j = rank (root+j) % p: ranks root..p-1 come first, then 0..root-1."""
+    head = bounds[-1] - bounds[root]
+    backend.copy(out[bounds[root] :], relative[:head])
+    backend.copy(out[: bounds[root]], relative[head:])
+
+
+def gather_binomial(
+    ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
+) -> Steps:
+    """Gather flat `own` blocks into flat `out` at `root` (block of rank k: bounds[k]:bounds[k+1])."""
+    tree = BinomialTree(ring.rank, ring.size, root)
+    offsets = relative_offsets(bounds, root)
+    base = offsets[tree.v]
+    held = backend.empty(offsets[tree.subtree_end] - base, own.dtype)
+    backend.copy(held[: own.size], own)
+    if tree.children:
+        yield ring.post(backend, tag, receives=[(held[offsets[v] - base : offsets[end] - base], child)
+                                                for child, v, end in tree.children])
+    if tree.parent is None:
+        to_rank_order(backend, held, out, bounds, root)
+    else:
+        yield ring.post(backend, tag, sends=[(held, tree.parent)])

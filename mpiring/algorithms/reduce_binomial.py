@@ -1,0 +1,43 @@
+"""Binomial-tree reduce: partial results flow up the tree, each rank combining its children's.
+Latency-optimal for small messages.
+
+Cost: ceil(lg p) (alpha + n beta + n gamma)      (n bytes per rank, p ranks)
+Every rank but the root sends n bytes once; a rank receives n bytes per child.
+
+A rank posts the receives from all its children at once (one scratch vector each), then
+combines them in a fixed order, lowest relative rank first, so the result's bits do not
+depend on message timing.
+
+    8 ranks, root 0: the broadcast tree (binomial.py) upside down
+
+    hop 1:  r1 ─► r0   r3 ─► r2   r5 ─► r4   r7 ─► r6
+    hop 2:  r2 ─► r0   r6 ─► r4
+    hop 3:  r4 ─► r0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.algorithms.binomial import BinomialTree
+from mpiring.backend import NumpyBackend
+from mpiring.ring import Ring, Steps
+
+
+def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, out: Any, op: str) -> Steps:
+    """Reduce flat `src` over all ranks into flat `out` on `root` (None elsewhere)."""
+    tree = BinomialTree(ring.rank, ring.size, root)
+    acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
+    if acc is not src:
+        backend.copy(acc, src)
+    if tree.children:
+        scratch = backend.empty(len(tree.children) * src.size, src.dtype)
+        parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(len(tree.children))]
+        yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
+                                                                                               strict=True)])
+        for part in parts:  # children nearest first: the lower relative ranks' data stays on the left
+            backend.combine(op, acc, part, acc)
+    if tree.parent is None:
+        backend.finish(op, acc, ring.size)
+    else:
+        yield ring.post(backend, tag, sends=[(acc, tree.parent)])
