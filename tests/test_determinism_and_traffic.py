@@ -8,6 +8,7 @@ import pytest
 from mpi4py import MPI
 from oracles import rank_input
 
+from mpiring.algorithms import ALGORITHMS
 from mpiring.collectives import LAYOUT_BYTES
 from mpiring.ring import split_bounds
 
@@ -37,11 +38,12 @@ def _ring_order_sum(arrays: list[np.ndarray]) -> np.ndarray:
     return result
 
 
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["allreduce"]))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
-def test_allreduce_bitwise_identical_on_every_rank(comm, dtype):
+def test_allreduce_bitwise_identical_on_every_rank(comm, dtype, algorithm):
     for length in (1, N, 1000, 65_537):
         x = _random_floats(RANK, length, dtype)
-        got = comm.allreduce(x)
+        got = comm.allreduce(x, algorithm=algorithm)
         everyone = WORLD.allgather(got.tobytes())
         assert all(b == everyone[0] for b in everyone), f"ranks disagree bitwise at length {length}"
 
@@ -51,9 +53,9 @@ def test_allreduce_follows_the_documented_order(comm, dtype):
     """Bitwise equal to the documented order, so a rerun at this world size gives the same bits."""
     for length in (7, 1000, 65_537):
         arrays = [_random_floats(k, length, dtype) for k in range(N)]
-        got = comm.allreduce(arrays[RANK])
+        got = comm.allreduce(arrays[RANK], algorithm="ring")
         assert got.tobytes() == _ring_order_sum(arrays).tobytes(), f"length {length}"
-        again = comm.allreduce(arrays[RANK])
+        again = comm.allreduce(arrays[RANK], algorithm="ring")
         assert again.tobytes() == got.tobytes()
 
 
@@ -73,24 +75,24 @@ def test_traffic_matches_the_ring_formulas(comm, length):
     size = length * item
     slack = item * (N - 1)  # chunk rounding: each step's chunk is at most one element off n/p
 
-    sent, total, received = _sent_and_total(comm, lambda: comm.allreduce(x))
+    sent, total, received = _sent_and_total(comm, lambda: comm.allreduce(x, algorithm="ring"))
     assert abs(sent - 2 * (N - 1) / N * size) <= 2 * slack
     assert total == 2 * (N - 1) * size and received == total  # each chunk crosses n-1 links twice
 
     rows = x.reshape(-1, 1)
-    sent, total, received = _sent_and_total(comm, lambda: comm.reduce_scatter(rows))
+    sent, total, received = _sent_and_total(comm, lambda: comm.reduce_scatter(rows, algorithm="ring"))
     assert abs(sent - (N - 1) / N * size) <= slack
     assert total == (N - 1) * size and received == total
 
     # all-gather of `length` rows per rank; first the ranks trade one layout record each
-    sent, total, received = _sent_and_total(comm, lambda: comm.allgather(x))
+    sent, total, received = _sent_and_total(comm, lambda: comm.allgather(x, algorithm="ring"))
     layout = (N - 1) * LAYOUT_BYTES
     assert sent == (N - 1) * size + layout
     assert total == N * sent and received == total
 
-    sent, total, _ = _sent_and_total(comm, lambda: comm.broadcast(x, root=0))
+    sent, total, _ = _sent_and_total(comm, lambda: comm.broadcast(x, root=0, algorithm="ring"))
     assert total == (N - 1) * size  # every link of the chain but the one back to the root
     assert sent == (size if RANK != N - 1 and N > 1 else 0)
 
-    sent, total, _ = _sent_and_total(comm, lambda: comm.barrier())
+    sent, total, _ = _sent_and_total(comm, lambda: comm.barrier(algorithm="ring"))
     assert total == 0 and comm.traffic.messages == (0 if N == 1 else (1 if RANK == N - 1 else 2))
