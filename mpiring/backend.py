@@ -1,13 +1,16 @@
 """The one seam between the algorithms and an array module (NumPy on the host, CuPy on a GPU).
 
 Algorithm code never imports an array module: it allocates, combines and copies through the
-`Backend` of the arrays it was given, and hands buffers to MPI through `Backend.message`.
+`Backend` of the arrays it was given, and hands buffers to MPI through the transport calls
+(`ready_for_mpi`, `send_message`, `receive_message`), or, for a `staged` backend, lets the
+backend post a whole ring step itself (`post_staged`: device buffers copied through pinned host
+memory in overlapping segments, see mpiring.gpu.staging).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy
 from mpi4py import MPI
@@ -15,7 +18,7 @@ from mpi4py import MPI
 from mpiring.ops import AVG, UFUNC_NAMES
 
 # The dtypes every collective accepts: bool, signed and unsigned ints, float16/32/64, complex64/128.
-SUPPORTED_DTYPES = tuple(
+SUPPORTED_DTYPES = frozenset(
     numpy.dtype(name)
     for name in (
         "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -24,11 +27,32 @@ SUPPORTED_DTYPES = tuple(
 )
 
 
+class Backend(Protocol):
+    """What every backend provides (NumpyBackend here; CupyBackend, StagedCupyBackend in mpiring.gpu)."""
+
+    name: str
+    xp: Any
+    staged: bool  # True: Ring.post hands the step to post_staged instead of giving buffers to MPI
+
+    def is_array(self, x: Any) -> bool: ...
+    def asarray(self, x: Any) -> Any: ...
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any: ...
+    def flat(self, x: Any) -> Any: ...
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None: ...
+    def finish(self, op: str, buf: Any, world_size: int) -> None: ...
+    def copy(self, dst: Any, src: Any) -> None: ...
+    def may_share_memory(self, a: Any, b: Any) -> bool: ...
+    def ready_for_mpi(self) -> None: ...
+    def send_message(self, buf: Any) -> list: ...
+    def receive_message(self, buf: Any) -> tuple[list, Callable[[], None] | None]: ...
+
+
 class NumpyBackend:
     """Host buffers. MPI reads and writes them directly; nothing needs synchronizing."""
 
     name = "numpy"
     xp = numpy
+    staged = False
 
     def is_array(self, x: Any) -> bool:
         return isinstance(x, numpy.ndarray)
@@ -77,6 +101,25 @@ class NumpyBackend:
 NUMPY = NumpyBackend()
 
 
-def backend_for(x: Any) -> NumpyBackend:
-    """The backend that owns array `x` (array-likes that are not device arrays go to NumPy)."""
+_NDARRAY = numpy.ndarray
+
+
+def backend_for(x: Any) -> Backend:
+    """The backend that owns array `x` (array-likes that are not device arrays go to NumPy).
+
+    A NumPy array costs one type check. A CuPy array is recognised by its type, without importing
+    CuPy, so a caller that never uses CuPy never loads it; only then is mpiring.gpu imported.
+    """
+    if type(x) is _NDARRAY:
+        return NUMPY
+    if is_device_array(x):
+        from mpiring.gpu import device_backend
+
+        return device_backend(x)
     return NUMPY
+
+
+def is_device_array(x: Any) -> bool:
+    """Whether `x` is a CuPy array (its type comes from cupy and exposes the CUDA Array Interface)."""
+    kind = type(x)
+    return kind.__module__.startswith("cupy") and hasattr(kind, "__cuda_array_interface__")

@@ -11,8 +11,8 @@ import zlib
 from typing import Any
 
 from mpiring.algorithms import ALGORITHMS
-from mpiring.algorithms.allgather_ring import allgather_steps
-from mpiring.algorithms.broadcast_ring import broadcast_steps
+from mpiring.algorithms.allgather_bruck import allgather_bruck
+from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.backend import NUMPY, NumpyBackend
 from mpiring.errors import ArgumentError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, bounds_from_counts, split_bounds
@@ -85,7 +85,8 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     p = ring.size
     table = NUMPY.empty(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
-    yield from allgather_steps(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    # a few bytes per rank: the latency-optimal all-gather (ceil(lg p) steps)
+    yield from allgather_bruck(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
     collective = call.collective
     rows, signatures, out_states = table[0::3], table[1::3], table[2::3]
     differing = [k for k in range(p) if signatures[k] != signatures[0]]
@@ -196,7 +197,7 @@ def scatter(
             header[3 : 3 + x.ndim] = x.shape
         else:
             header[0] = 1
-    yield from broadcast_steps(ring, NUMPY, call.tag, root, header)
+    yield from broadcast_binomial(ring, NUMPY, call.tag, root, header)  # small: ceil(lg p) hops
     if header[0]:
         if root_problem is not None:
             raise root_problem

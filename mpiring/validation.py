@@ -14,7 +14,7 @@ from mpiring.errors import ArgumentError
 from mpiring.ops import op_problem
 from mpiring.selection import AUTO, environment_choice
 
-_DTYPE_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+_DTYPE_NAMES = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
 
 
 def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, split: bool = False) -> Any:
@@ -72,7 +72,7 @@ def out_problem(out: Any, shape: tuple[int, ...], dtype: Any, backend: NumpyBack
         return f"has dtype {out.dtype}, expected {dtype}"
     if tuple(out.shape) != tuple(shape):
         return f"has shape {tuple(out.shape)}, expected {tuple(shape)}"
-    if not out.flags.writeable:
+    if not getattr(out.flags, "writeable", True):  # CuPy arrays have no read-only flag
         return "is read-only"
     return None
 

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="mpiring's collectives against mpi4py's native ones and a point-to-point ceiling, "
         "nccl-tests style. Run under mpirun, e.g.  mpirun -n 4 python -m mpiring.bench -c allreduce -e 16M",
     )
-    dtype_names = [d.name for d in SUPPORTED_DTYPES]
+    dtype_names = sorted(d.name for d in SUPPORTED_DTYPES)
     add = parser.add_argument
     add("-c", "--collective", default="all", choices=(*COLLECTIVE_NAMES, "all"), metavar="NAME",
         help=f"one of {', '.join(COLLECTIVE_NAMES)}, or all (default)")
