@@ -33,6 +33,13 @@ def relative_offsets(bounds: list[int], root: int) -> list[int]:
     return offsets
 
 
+def to_relative_order(backend: NumpyBackend, ordered: Any, relative: Any, bounds: list[int], root: int) -> None:
+    """The inverse of to_rank_order: blocks of ranks root..p-1 first, then 0..root-1."""
+    head = bounds[-1] - bounds[root]
+    backend.copy(relative[:head], ordered[bounds[root] :])
+    backend.copy(relative[head:], ordered[: bounds[root]])
+
+
 def to_rank_order(backend: NumpyBackend, relative: Any, out: Any, bounds: list[int], root: int) -> None:
     """Relative rank j = rank (root+j) % p: ranks root..p-1 come first, then 0..root-1."""
     head = bounds[-1] - bounds[root]

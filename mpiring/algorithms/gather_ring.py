@@ -22,6 +22,25 @@ from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Steps
 
 
+def block_span(ring: Ring, root: int, bounds: list[int], position: int) -> tuple[int, int]:
+    """The element range of the block owned by the rank `position` steps right of `root`."""
+    k = ring.rank_at(position, root)
+    return bounds[k], bounds[k + 1]
+
+
+def staging_views(
+    ring: Ring, backend: NumpyBackend, root: int, bounds: list[int], positions: range, dtype: Any
+) -> dict[int, Any]:
+    """One scratch buffer for the blocks that only pass through this rank, as a view per position."""
+    spans = [block_span(ring, root, bounds, position) for position in positions]
+    scratch = backend.empty(sum(hi - lo for lo, hi in spans), dtype)
+    views, offset = {}, 0
+    for position, (lo, hi) in zip(positions, spans, strict=True):
+        views[position] = scratch[offset : offset + hi - lo]
+        offset += hi - lo
+    return views
+
+
 def gather_steps(
     ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
 ) -> Steps:
@@ -31,32 +50,17 @@ def gather_steps(
     """
     p = ring.size
     q = ring.position(root)
-
-    def block(position: int) -> tuple[int, int]:
-        k = ring.rank_at(position, root)
-        return bounds[k], bounds[k + 1]
-
     if q == 0:
-        lo, hi = block(0)
+        lo, hi = block_span(ring, root, bounds, 0)
         backend.copy(out[lo:hi], own)
         for s in range(p - 1):
-            lo, hi = block(p - 1 - s)
+            lo, hi = block_span(ring, root, bounds, p - 1 - s)
             yield ring.post(backend, tag, receives=[(out[lo:hi], ring.left)])
         return
-    # Blocks of positions 1..q-1 pass through this rank: stage them in one scratch buffer.
-    offsets = {}
-    staged = 0
-    for position in range(1, q):
-        lo, hi = block(position)
-        offsets[position] = (staged, staged + hi - lo)
-        staged += hi - lo
-    scratch = backend.empty(staged, own.dtype)
+    passing = staging_views(ring, backend, root, bounds, range(1, q), own.dtype)
     outgoing = own
     for s in range(q):
-        receives = []
-        if s < q - 1:
-            a, b = offsets[q - 1 - s]
-            receives.append((scratch[a:b], ring.left))
+        receives = [(passing[q - 1 - s], ring.left)] if s < q - 1 else []
         yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=receives)
         if receives:
             outgoing = receives[0][0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.algorithms.binomial import BinomialTree
-from mpiring.algorithms.gather_binomial import relative_offsets
+from mpiring.algorithms.gather_binomial import relative_offsets, to_relative_order
 from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Steps
 
@@ -28,10 +28,8 @@ def scatter_binomial(
     offsets = relative_offsets(bounds, root)
     base = offsets[tree.v]
     held = backend.empty(offsets[tree.subtree_end] - base, mine.dtype)
-    if tree.parent is None:  # root-relative order: ranks root..p-1, then 0..root-1
-        head = bounds[-1] - bounds[root]
-        backend.copy(held[:head], src[bounds[root] :])
-        backend.copy(held[head:], src[: bounds[root]])
+    if tree.parent is None:
+        to_relative_order(backend, src, held, bounds, root)
     else:
         yield ring.post(backend, tag, receives=[(held, tree.parent)])
     if tree.children:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpiring.algorithms.gather_ring import block_span, staging_views
 from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Steps
 
@@ -29,34 +30,18 @@ def scatter_steps(
     """Scatter flat `src` (root only; block of rank k: bounds[k]:bounds[k+1]) into flat `mine`."""
     p = ring.size
     q = ring.position(root)
-
-    def block(position: int) -> tuple[int, int]:
-        k = ring.rank_at(position, root)
-        return bounds[k], bounds[k + 1]
-
     if q == 0:
-        lo, hi = block(0)
+        lo, hi = block_span(ring, root, bounds, 0)
         backend.copy(mine, src[lo:hi])
         for t in range(p - 1):
-            lo, hi = block(p - 1 - t)
+            lo, hi = block_span(ring, root, bounds, p - 1 - t)
             yield ring.post(backend, tag, sends=[(src[lo:hi], ring.right)])
         return
-    # Blocks of positions q+1..p-1 pass through this rank: stage them in one scratch buffer.
-    offsets = {}
-    staged = 0
-    for position in range(q + 1, p):
-        lo, hi = block(position)
-        offsets[position] = (staged, staged + hi - lo)
-        staged += hi - lo
-    scratch = backend.empty(staged, mine.dtype)
+    passing = staging_views(ring, backend, root, bounds, range(q + 1, p), mine.dtype)
+    passing[q] = mine  # the last block to arrive is this rank's own
     outgoing = None
     for t in range(q - 1, p - 1):
-        position = q + p - 2 - t
-        if position == q:
-            incoming = mine
-        else:
-            a, b = offsets[position]
-            incoming = scratch[a:b]
+        incoming = passing[q + p - 2 - t]
         sends = [(outgoing, ring.right)] if outgoing is not None else []
         yield ring.post(backend, tag, sends=sends, receives=[(incoming, ring.left)])
         outgoing = incoming
