@@ -19,14 +19,14 @@ AUTO = "auto"
 # The message size is per rank for the reductions and broadcast, the whole result for
 # gather, all-gather and scatter. None means "any size".
 SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
-    "broadcast": [(None, "ring")],
-    "reduce": [(None, "ring")],
-    "allreduce": [(None, "ring")],
-    "gather": [(None, "ring")],
-    "allgather": [(None, "ring")],
-    "scatter": [(None, "ring")],
-    "reduce_scatter": [(None, "ring")],
-    "barrier": [(None, "ring")],
+    "broadcast": [(64 << 10, "binomial"), (None, "ring")],
+    "reduce": [(64 << 10, "binomial"), (None, "ring")],
+    "allreduce": [(16 << 10, "recursive_doubling"), (512 << 10, "rabenseifner"), (None, "ring")],
+    "gather": [(256 << 10, "binomial"), (None, "ring")],
+    "allgather": [(64 << 10, "bruck"), (None, "ring")],
+    "scatter": [(256 << 10, "binomial"), (None, "ring")],
+    "reduce_scatter": [(64 << 10, "recursive_halving"), (None, "ring")],
+    "barrier": [(None, "dissemination")],
 }
 
 _announced: set[tuple[str, str]] = set()

@@ -1,0 +1,52 @@
+"""algorithm="auto": the switch-point table, the MPIRING_ALGO override and MPIRING_DEBUG."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpiring import ArgumentError
+from mpiring.algorithms import ALGORITHMS
+from mpiring.selection import SWITCH_POINTS, choose
+from mpiring.validation import check_algorithm
+
+
+def test_every_switch_point_names_a_real_algorithm_and_ends_open():
+    assert set(SWITCH_POINTS) == set(ALGORITHMS)
+    for collective, rows in SWITCH_POINTS.items():
+        assert rows[-1][0] is None, f"{collective}: the last row must cover every size"
+        bounds = [bound for bound, _ in rows[:-1]]
+        assert bounds == sorted(bounds), collective
+        for _, name in rows:
+            assert name in ALGORITHMS[collective], (collective, name)
+
+
+def test_auto_picks_by_size():
+    small, large = SWITCH_POINTS["allreduce"][0]
+    assert choose("allreduce", "auto", small, 4) == large
+    assert choose("allreduce", "auto", 1 << 30, 4) == "ring"
+    assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("MPIRING_ALGO", "ring")
+    assert check_algorithm("broadcast", None) == "ring"
+    assert check_algorithm("broadcast", "binomial") == "binomial"  # the call's argument wins
+    monkeypatch.setenv("MPIRING_ALGO", "allreduce=rabenseifner, broadcast=binomial")
+    assert check_algorithm("allreduce", None) == "rabenseifner"
+    assert check_algorithm("broadcast", None) == "binomial"
+    assert check_algorithm("gather", None) == "auto"
+    monkeypatch.setenv("MPIRING_ALGO", "allreduce=fastest")
+    with pytest.raises(ArgumentError, match="MPIRING_ALGO.*unknown algorithm 'fastest'"):
+        check_algorithm("allreduce", None)
+
+
+def test_debug_says_what_ran_and_why(monkeypatch, capsys):
+    monkeypatch.setenv("MPIRING_DEBUG", "1")
+    monkeypatch.setattr("mpiring.selection._announced", set())
+    choose("allgather", "auto", 100, 8)
+    choose("allgather", "auto", 100, 8)  # said once only
+    choose("allgather", "ring", 100, 8)
+    err = capsys.readouterr().err.splitlines()
+    bound = SWITCH_POINTS["allgather"][0][0]
+    assert err == [f"mpiring: allgather ran bruck (auto: 100 B <= {bound} B at 8 ranks)",
+                   "mpiring: allgather ran ring (asked for)"]
