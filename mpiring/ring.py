@@ -13,8 +13,10 @@ All waiting happens in `Ring.complete`, the one place a timeout belongs.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,14 @@ from mpiring.errors import CollectiveTimeout, CommunicationError
 # Tags cycle through this range; each collective call takes the next one, so messages of two
 # calls in flight at once (nonblocking collectives) never match each other's receives.
 _TAG_SPACE = 32767  # the MPI standard guarantees MPI_TAG_UB >= 32767
+
+# Scratch pool: arrays from this size up are kept for reuse, at most this many per backend
+# (enough for a few nonblocking collectives in flight at once).
+_POOL_FROM_BYTES = 64 * 1024
+_POOL_BUFFERS = 4
+
+# Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
+_yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def split_bounds(total: int, parts: int) -> list[int]:
@@ -71,6 +81,10 @@ class Step:
     receives: list[tuple[int, int, int]] = field(default_factory=list)
     # work to do once every message has arrived (a staged receive's copy to the device)
     after: list[Callable[[], None]] = field(default_factory=list)
+    # A staged device step (mpiring.gpu.staging) is pushed along by the host: sends are posted as
+    # their device-to-host copies finish, host-to-device copies start as receives land. The wait
+    # loops call progress(call) until it returns True instead of waiting on `requests` alone.
+    progress: Callable[[Call], bool] | None = None
 
 
 @dataclass
@@ -101,6 +115,27 @@ class Ring:
         self.right = (self.rank + 1) % self.size
         self.traffic = Traffic()
         self._calls = 0
+        self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
+
+    @contextmanager
+    def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Iterator[Any]:
+        """A flat scratch array of `count` elements, reused across calls once it is large.
+
+        Fresh large arrays cost page faults on first touch every call (the allocator hands big
+        blocks back to the system), which shows in large collectives. Only a collective that
+        finished cleanly returns its buffer: after an error or timeout MPI may still write to it.
+        """
+        nbytes = count * backend.xp.dtype(dtype).itemsize
+        if nbytes < _POOL_FROM_BYTES:
+            yield backend.empty(count, dtype)
+            return
+        spare = self._spare.setdefault(backend.name, [])
+        fitting = [i for i, buf in enumerate(spare) if buf.nbytes >= nbytes]
+        raw = spare.pop(min(fitting, key=lambda i: spare[i].nbytes)) if fitting else backend.empty(nbytes, "uint8")
+        yield raw[:nbytes].view(dtype)
+        spare.append(raw)  # not reached when the collective failed: see the docstring
+        if len(spare) > _POOL_BUFFERS:
+            del spare[min(range(len(spare)), key=lambda i: spare[i].nbytes)]
 
     def position(self, root: int) -> int:
         """Distance from `root` along the ring (root is 0, its right neighbour 1, ...)."""
@@ -124,7 +159,10 @@ class Ring:
         """Post nonblocking receives into and sends from flat contiguous buffers.
 
         Receives are posted first so a matching send never waits on an unposted receive.
+        A staged backend (device buffers, MPI not CUDA-aware) posts the step itself.
         """
+        if backend.staged:
+            return backend.post_staged(self, tag, sends, receives)
         step = Step()
         comm = self.comm
         traffic = self.traffic
@@ -154,7 +192,9 @@ class Ring:
         """
         statuses = [MPI.Status() for _ in step.requests] if step.receives else None
         try:
-            if call.timeout is None:
+            if step.progress is not None:
+                self._drive(step, call)
+            elif call.timeout is None:
                 MPI.Request.Waitall(step.requests, statuses)
             else:
                 self._poll(step, statuses, call)
@@ -166,7 +206,7 @@ class Ring:
         """Whether every message of a step has finished (then checked and finished), without waiting."""
         statuses = [MPI.Status() for _ in step.requests] if step.receives else None
         try:
-            done = MPI.Request.Testall(step.requests, statuses)
+            done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
         except MPI.Exception as error:
             raise self._mpi_error(call, error) from error
         if done:
@@ -184,6 +224,20 @@ class Ring:
             if pause:
                 time.sleep(min(pause, deadline - now))
             pause = min(max(pause * 2, 1e-5), 1e-3)  # spin once, then 10 us doubling to 1 ms
+
+    def _drive(self, step: Step, call: Call) -> None:
+        """Push a staged step along until it is done. It spins, since the device copies it waits
+        for take microseconds; after a while it yields the core to oversubscribed ranks."""
+        deadline = None if call.timeout is None else time.monotonic() + call.timeout
+        spins = 0
+        while not step.progress(call):
+            spins += 1
+            if spins > 64:
+                _yield_core()
+            if deadline is not None and time.monotonic() >= deadline:
+                waiting = list(dict.fromkeys(peer for request, peer in zip(step.requests, step.peers, strict=True)
+                                             if request))  # a request is falsy once complete
+                raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
 
     def _finish(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
         if statuses is not None:

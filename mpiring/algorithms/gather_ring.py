@@ -28,14 +28,16 @@ def block_span(ring: Ring, root: int, bounds: list[int], position: int) -> tuple
     return bounds[k], bounds[k + 1]
 
 
-def staging_views(
-    ring: Ring, backend: NumpyBackend, root: int, bounds: list[int], positions: range, dtype: Any
-) -> dict[int, Any]:
-    """One scratch buffer for the blocks that only pass through this rank, as a view per position."""
-    spans = [block_span(ring, root, bounds, position) for position in positions]
-    scratch = backend.empty(sum(hi - lo for lo, hi in spans), dtype)
+def staging_size(ring: Ring, root: int, bounds: list[int], positions: range) -> int:
+    """Elements of the blocks (of these positions) that only pass through this rank."""
+    return sum(hi - lo for lo, hi in (block_span(ring, root, bounds, position) for position in positions))
+
+
+def staging_views(ring: Ring, root: int, bounds: list[int], positions: range, scratch: Any) -> dict[int, Any]:
+    """`scratch` (staging_size elements) cut into one view per passing block, by position."""
     views, offset = {}, 0
-    for position, (lo, hi) in zip(positions, spans, strict=True):
+    for position in positions:
+        lo, hi = block_span(ring, root, bounds, position)
         views[position] = scratch[offset : offset + hi - lo]
         offset += hi - lo
     return views
@@ -57,13 +59,15 @@ def gather_steps(
             lo, hi = block_span(ring, root, bounds, p - 1 - s)
             yield ring.post(backend, tag, receives=[(out[lo:hi], ring.left)])
         return
-    passing = staging_views(ring, backend, root, bounds, range(1, q), own.dtype)
-    outgoing = own
-    for s in range(q):
-        receives = [(passing[q - 1 - s], ring.left)] if s < q - 1 else []
-        yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=receives)
-        if receives:
-            outgoing = receives[0][0]
+    positions = range(1, q)
+    with ring.scratch(backend, staging_size(ring, root, bounds, positions), own.dtype) as scratch:
+        passing = staging_views(ring, root, bounds, positions, scratch)
+        outgoing = own
+        for s in range(q):
+            receives = [(passing[q - 1 - s], ring.left)] if s < q - 1 else []
+            yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=receives)
+            if receives:
+                outgoing = receives[0][0]
 
 
 def gather_ring(

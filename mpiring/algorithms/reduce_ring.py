@@ -29,6 +29,6 @@ def reduce_ring(
     """Reduce flat `src` over all ranks into flat `out` on `root` (None elsewhere)."""
     bounds = split_bounds(src.size, ring.size)
     r = ring.rank
-    mine = backend.empty(bounds[r + 1] - bounds[r], src.dtype)
-    yield from reduce_scatter_steps(ring, backend, tag, src, bounds, op, mine)
-    yield from gather_steps(ring, backend, tag, root, mine, out, bounds)
+    with ring.scratch(backend, bounds[r + 1] - bounds[r], src.dtype) as mine:
+        yield from reduce_scatter_steps(ring, backend, tag, src, bounds, op, mine)
+        yield from gather_steps(ring, backend, tag, root, mine, out, bounds)

@@ -42,18 +42,18 @@ def reduce_scatter_steps(
         backend.finish(op, result, p)
         return
     largest = max(bounds[c + 1] - bounds[c] for c in range(p))
-    scratch = backend.empty(2 * largest, src.dtype)
-    halves = (scratch[:largest], scratch[largest:])
-    first = (r - 1) % p
-    outgoing = src[bounds[first] : bounds[first + 1]]
-    for s in range(p - 1):
-        c = (r - s - 2) % p
-        lo, hi = bounds[c], bounds[c + 1]
-        incoming = halves[s % 2][: hi - lo]
-        yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=[(incoming, ring.left)])
-        target = result if s == p - 2 else incoming
-        backend.combine(op, src[lo:hi], incoming, target)
-        outgoing = incoming
+    with ring.scratch(backend, 2 * largest, src.dtype) as scratch:
+        halves = (scratch[:largest], scratch[largest:])
+        first = (r - 1) % p
+        outgoing = src[bounds[first] : bounds[first + 1]]
+        for s in range(p - 1):
+            c = (r - s - 2) % p
+            lo, hi = bounds[c], bounds[c + 1]
+            incoming = halves[s % 2][: hi - lo]
+            yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=[(incoming, ring.left)])
+            target = result if s == p - 2 else incoming
+            backend.combine(op, src[lo:hi], incoming, target)
+            outgoing = incoming
     backend.finish(op, result, p)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpiring.algorithms.gather_ring import block_span, staging_views
+from mpiring.algorithms.gather_ring import block_span, staging_size, staging_views
 from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Steps
 
@@ -37,14 +37,16 @@ def scatter_steps(
             lo, hi = block_span(ring, root, bounds, p - 1 - t)
             yield ring.post(backend, tag, sends=[(src[lo:hi], ring.right)])
         return
-    passing = staging_views(ring, backend, root, bounds, range(q + 1, p), mine.dtype)
-    passing[q] = mine  # the last block to arrive is this rank's own
-    outgoing = None
-    for t in range(q - 1, p - 1):
-        incoming = passing[q + p - 2 - t]
-        sends = [(outgoing, ring.right)] if outgoing is not None else []
-        yield ring.post(backend, tag, sends=sends, receives=[(incoming, ring.left)])
-        outgoing = incoming
+    positions = range(q + 1, p)
+    with ring.scratch(backend, staging_size(ring, root, bounds, positions), mine.dtype) as scratch:
+        passing = staging_views(ring, root, bounds, positions, scratch)
+        passing[q] = mine  # the last block to arrive is this rank's own
+        outgoing = None
+        for t in range(q - 1, p - 1):
+            incoming = passing[q + p - 2 - t]
+            sends = [(outgoing, ring.right)] if outgoing is not None else []
+            yield ring.post(backend, tag, sends=sends, receives=[(incoming, ring.left)])
+            outgoing = incoming
 
 
 def scatter_ring(
