@@ -27,7 +27,8 @@ ROOT = os.path.dirname(HERE)
 
 def mpi_environment() -> dict[str, str]:
     """The environment an mpirun here needs: Open MPI as root, oversubscribed, without OFI."""
-    env = dict(os.environ, PY_COLORS="0", PYTHONUNBUFFERED="1")
+    # One BLAS thread per rank: ranks already fill the cores, and threaded BLAS oversubscribes them.
+    env = dict(os.environ, PY_COLORS="0", PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     probe = subprocess.run(
         [sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
         capture_output=True, text=True,

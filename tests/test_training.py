@@ -1,0 +1,313 @@
+"""The training demo under MPI, at every world size: each strategy computes what one process
+computes, holds the memory and sends the bytes ZeRO says, and checkpoints that resume exactly,
+survive a crash mid-save and load at another world size.
+
+Run: python tests/run_world_sizes.py --no-serial --sizes 1 2 3 4 8 -- tests/test_training.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import replace
+from typing import Any
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+import mpiring
+from mpiring.training import STRATEGIES, TrainConfig, TrainingError, build, default_text, train
+from mpiring.training import checkpoint as checkpoint_module
+from mpiring.training.data import CharData
+from mpiring.training.report import expected_ratio, summarize, traffic_factor
+
+pytestmark = pytest.mark.mpi
+
+TEXT = default_text()[:20000]
+# A model of ~1,300 parameters whose layers split unevenly over 3 and 8 ranks; a batch of 10
+# splits unevenly too (at 8 ranks: 2 2 1 1 1 1 1 1). Small buckets give ddp and zero2 several.
+TINY = TrainConfig(context=3, embed=5, hidden=7, layers=2, batch_size=10, lr=0.2, momentum=0.9,
+                   bucket_bytes=600, log_every=0, sample_chars=0, dtype="float64")
+_references: dict[Any, tuple[list[float], numpy.ndarray]] = {}
+
+
+@pytest.fixture(scope="module")
+def alone() -> mpiring.Communicator:
+    """A world of one on every rank: the single process that every strategy must agree with."""
+    return mpiring.Communicator(MPI.COMM_SELF)
+
+
+@pytest.fixture
+def shared_dir(comm):
+    """A fresh directory that every rank sees (made by rank 0)."""
+    path = comm.mpi.bcast(tempfile.mkdtemp(prefix="mpiring-train-") if comm.rank == 0 else None, root=0)
+    yield path
+    comm.mpi.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def reference(config: TrainConfig, alone: mpiring.Communicator) -> tuple[list[float], numpy.ndarray]:
+    """Losses and final parameters of `config` trained by one process (ddp on a world of one)."""
+    key = (config.dtype, config.steps, config.momentum)
+    if key not in _references:
+        result = train(replace(config, strategy="ddp", checkpoint_dir=None, resume=False), alone, TEXT)
+        _references[key] = (result.losses, result.strategy.full_parameters())
+    return _references[key]
+
+
+def relative(a: Any, b: Any) -> float:
+    a, b = numpy.asarray(a, dtype=numpy.float64), numpy.asarray(b, dtype=numpy.float64)
+    return float(numpy.linalg.norm(a - b) / numpy.linalg.norm(b))
+
+
+def assert_same_run(result, losses: list[float], params: numpy.ndarray, tolerance: float) -> None:
+    assert len(result.losses) == len(losses)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(result.losses, losses, strict=True))
+    assert worst <= tolerance, f"losses differ by {worst:.3g} relative"
+    mine = result.strategy.full_parameters(root=0)
+    if result.strategy.comm.rank == 0:
+        assert relative(mine, params) <= tolerance
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(("dtype", "steps", "tolerance"), [("float64", 6, 1e-10), ("float32", 20, 1e-5)])
+def test_every_strategy_matches_one_process(comm, alone, strategy, dtype, steps, tolerance):
+    config = replace(TINY, strategy=strategy, dtype=dtype, steps=steps)
+    result = train(config, comm, TEXT)
+    assert_same_run(result, *reference(config, alone), tolerance)
+    assert result.losses[-1] < result.losses[0]
+
+
+def test_plain_sgd_matches_one_process(comm, alone):
+    config = replace(TINY, strategy="zero3", momentum=0.0, steps=4)
+    result = train(config, comm, TEXT)
+    assert result.memory["optimizer"] == 0
+    assert_same_run(result, *reference(config, alone), 1e-10)
+
+
+class _Deferred:
+    """A 'nonblocking' collective that runs when waited for."""
+
+    def __init__(self, run) -> None:
+        self._run, self._result, self._done = run, None, False
+
+    def test(self) -> bool:
+        return self._done
+
+    def wait(self) -> Any:
+        if not self._done:
+            self._result, self._done = self._run(), True
+        return self._result
+
+
+class _Nonblocking:
+    """The communicator plus iallreduce, ireduce_scatter, iallgather... deferred to wait():
+    drives the strategies' overlap code path (prefetch, pending reductions) without real overlap."""
+
+    def __init__(self, comm) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("i") and hasattr(self._comm, name[1:]):
+            blocking = getattr(self._comm, name[1:])
+            return lambda *args, **kwargs: _Deferred(lambda: blocking(*args, **kwargs))
+        return getattr(self._comm, name)
+
+
+NONBLOCKING = ("iallreduce", "ireduce_scatter", "iallgather")
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("requests", ["deferred", "mpiring"])
+def test_overlap_path_gives_the_same_bits(comm, strategy, requests):
+    if requests == "mpiring" and not all(hasattr(comm, name) for name in NONBLOCKING):
+        pytest.skip("this mpiring has no nonblocking collectives")
+    config = replace(TINY, strategy=strategy, steps=3)
+    blocking = train(config, comm, TEXT)
+    overlapped = train(replace(config, overlap=True), _Nonblocking(comm) if requests == "deferred" else comm, TEXT)
+    assert overlapped.losses == blocking.losses
+    a, b = blocking.strategy.full_parameters(), overlapped.strategy.full_parameters()
+    if comm.rank == 0:
+        assert numpy.array_equal(a, b)
+
+
+class _BlockingOnly:
+    """The communicator without its nonblocking collectives."""
+
+    def __init__(self, comm) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NONBLOCKING:
+            raise AttributeError(name)
+        return getattr(self._comm, name)
+
+
+def test_overlap_needs_nonblocking_collectives(comm):
+    with pytest.raises(TrainingError, match="lacks iallreduce, ireduce_scatter, iallgather"):
+        train(replace(TINY, overlap=True, steps=1), _BlockingOnly(comm), TEXT)
+
+
+def _one_step(config: TrainConfig, comm) -> Any:
+    """A strategy after one step (so every transient buffer has come and gone once)."""
+    data = CharData(TEXT, config.context)
+    strategy = build(config, comm, data)
+    strategy.memory.reset_peak()
+    inputs, targets = data.batch(0, config.batch_size, config.seed, comm.rank, comm.size)
+    strategy.step(inputs, targets, config.batch_size)
+    return strategy
+
+
+def _max_over_ranks(comm, value: int) -> int:
+    return int(comm.allreduce(numpy.array([value], dtype=numpy.int64), op="max")[0])
+
+
+# Eight equal hidden layers dwarf the embedding and output, so one layer is ~1/10 of the model.
+BALANCED = replace(TINY, dtype="float32", context=4, embed=8, hidden=32, layers=8, bucket_bytes=0)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_memory_per_rank_is_what_zero_says(comm, strategy):
+    n = comm.size
+    config = replace(BALANCED, strategy=strategy)
+    measured = _one_step(config, comm)
+    memory = {k: _max_over_ranks(comm, v) for k, v in measured.memory.snapshot().items()}
+    model = measured.model
+    model_bytes = model.param_count * model.dtype.itemsize
+    ddp = 3 * model_bytes  # parameters + gradients + momentum, each whole
+    layer = max(model.layer_bytes)
+    # Shards are array_split parts: the largest is at most one value per group longer than 1/N.
+    slack = 3 * len(model.layers) * model.dtype.itemsize
+    expected = expected_ratio(strategy, n, slots=1) * ddp
+    assert expected - 1e-9 <= memory["model_state"] <= expected + slack
+    if n == 4:  # the issue's check: fp32 SGD with momentum, ratios to DDP
+        formula = {"ddp": 12 / 12, "zero1": (8 + 4 / n) / 12, "zero2": (4 + 8 / n) / 12, "zero3": (12 / n) / 12}
+        assert memory["model_state"] / ddp == pytest.approx(formula[strategy], rel=0.01)
+    transient = memory["peak"] - memory["model_state"]
+    if strategy == "ddp":
+        assert memory["peak"] == memory["model_state"] == ddp
+    elif strategy == "zero1":  # only the copy of this rank's piece that the all-gather sends
+        assert transient <= model_bytes / n + slack
+    elif strategy == "zero2":  # one bucket (here one layer) of full gradient at a time
+        assert layer <= transient <= layer + model_bytes / n + slack
+    else:  # one layer's gathered parameters and its full gradient
+        assert layer <= transient <= 2 * layer
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_bytes_sent_per_step_are_what_the_ring_says(comm, strategy):
+    n = comm.size
+    result = train(replace(TINY, strategy=strategy, steps=2, algorithm="ring"), comm, TEXT)
+    report = summarize(result, comm)
+    model_bytes = result.strategy.model.param_count * 8
+    theory = traffic_factor(strategy, n)[0] * model_bytes
+    assert report["bytes_sent_per_rank_theory"] == pytest.approx(theory)
+    # Beyond the theory: the one-number loss all-reduce and the few bytes each all-gather sends
+    # first to agree on the row counts.
+    gathers = {"ddp": 0, "zero1": 1, "zero2": 3, "zero3": 2 * len(result.strategy.model.layers)}[strategy]
+    extra = 2 * 8 + gathers * (n - 1) * 64
+    assert theory <= report["bytes_sent_per_rank"] <= theory + extra
+
+
+def test_ranks_split_the_global_batch(comm):
+    data = CharData(TEXT, 3)
+    for step in (0, 1, 7):
+        inputs, targets = data.batch(step, 10, 5, comm.rank, comm.size)
+        everyone = comm.allgather(numpy.ascontiguousarray(targets))
+        whole_inputs, whole_targets = data.batch(step, 10, 5, 0, 1)
+        assert numpy.array_equal(everyone, whole_targets)
+        assert numpy.array_equal(comm.allgather(numpy.ascontiguousarray(inputs)), whole_inputs)
+
+
+def test_a_problem_on_one_rank_stops_every_rank(comm):
+    from mpiring.training.errors import agree
+
+    last = comm.size - 1
+    with pytest.raises(TrainingError, match="disk on fire") as raised:
+        agree(comm, "disk on fire" if comm.rank == last else None)
+    if comm.rank != last:
+        assert f"on rank {last}" in str(raised.value)
+    agree(comm, None)  # and nothing happens when nobody has a problem
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_resume_continues_bitwise(comm, shared_dir, strategy):
+    config = replace(TINY, strategy=strategy, steps=6)
+    straight = train(config, comm, TEXT)
+    saved = replace(config, steps=3, checkpoint_dir=shared_dir, checkpoint_every=3)
+    train(saved, comm, TEXT)
+    assert checkpoint_module.latest(shared_dir).endswith("step-00000003")
+    resumed = train(replace(saved, steps=6, resume=True), comm, TEXT)
+    assert resumed.start_step == 3
+    assert resumed.losses == straight.losses
+    a, b = straight.strategy.full_parameters(), resumed.strategy.full_parameters()
+    if comm.rank == 0:
+        assert numpy.array_equal(a, b)
+        with open(os.path.join(shared_dir, "step-00000003", "manifest.json")) as handle:
+            assert len(__import__("json").load(handle)["shards"]) == comm.size  # one shard per rank
+
+
+def test_checkpoint_loads_at_another_world_size_and_strategy(comm, alone, shared_dir):
+    config = replace(TINY, steps=5)
+    losses, params = reference(config, alone)
+    # N ranks of ZeRO-3 save at step 3; one process of DDP continues from it.
+    train(replace(config, strategy="zero3", steps=3, checkpoint_dir=shared_dir), comm, TEXT)
+    if comm.rank == 0:
+        private = os.path.join(shared_dir, "alone")
+        shutil.copytree(shared_dir, private, ignore=shutil.ignore_patterns("alone"))
+        continued = train(replace(config, strategy="ddp", checkpoint_dir=private, resume=True), alone, TEXT)
+        assert continued.start_step == 3
+        assert_same_run(continued, losses, params, 1e-10)
+    # One process of ZeRO-1 saves at step 3; N ranks of ZeRO-2 continue from it.
+    other = os.path.join(shared_dir, "from-one")
+    if comm.rank == 0:
+        train(replace(config, strategy="zero1", steps=3, checkpoint_dir=other), alone, TEXT)
+    comm.barrier()
+    continued = train(replace(config, strategy="zero2", checkpoint_dir=other, resume=True), comm, TEXT)
+    assert continued.start_step == 3
+    assert_same_run(continued, losses, params, 1e-10)
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint(comm, shared_dir, monkeypatch):
+    config = replace(TINY, strategy="zero3", steps=2, checkpoint_dir=shared_dir, checkpoint_every=2)
+    train(config, comm, TEXT)
+
+    def crash() -> None:
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(checkpoint_module, "_before_publish", crash)
+    with pytest.raises(RuntimeError, match="power cut"):
+        train(replace(config, steps=4, resume=True), comm, TEXT)
+    monkeypatch.undo()
+    comm.barrier()
+    # Every shard of step 4 was written, but under the temporary name: not a checkpoint.
+    assert os.path.isdir(os.path.join(shared_dir, ".tmp-step-00000004"))
+    assert checkpoint_module.latest(shared_dir).endswith("step-00000002")
+    resumed = train(replace(config, steps=4, resume=True), comm, TEXT)
+    assert resumed.start_step == 2
+    assert resumed.losses == train(replace(TINY, strategy="zero3", steps=4), comm, TEXT).losses
+    assert checkpoint_module.latest(shared_dir).endswith("step-00000004")
+    assert not os.path.exists(os.path.join(shared_dir, ".tmp-step-00000004"))
+
+
+def test_a_corrupt_or_foreign_checkpoint_stops_every_rank(comm, shared_dir):
+    config = replace(TINY, strategy="zero2", steps=1, checkpoint_dir=shared_dir)
+    train(config, comm, TEXT)
+    with pytest.raises(TrainingError, match="different run; model"):
+        train(replace(config, hidden=8, steps=2, resume=True), comm, TEXT)
+    comm.barrier()
+    if comm.rank == 0:
+        shard = os.path.join(shared_dir, "step-00000001", "shard-00000.npy")
+        with open(shard, "r+b") as handle:
+            handle.seek(-1, os.SEEK_END)
+            last = handle.read(1)
+            handle.seek(-1, os.SEEK_END)
+            handle.write(bytes([last[0] ^ 0xFF]))
+    comm.barrier()
+    with pytest.raises(TrainingError, match="corrupt"):
+        train(replace(config, steps=2, resume=True), comm, TEXT)

@@ -1,0 +1,179 @@
+"""The training demo's pieces, one process: gradients, sharding arithmetic, optimizer, memory
+accounting, data, reports and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy
+import pytest
+
+from mpiring.training import CharData, Model, ModelConfig, TrainingError, default_text, read_text
+from mpiring.training.memory import MemoryTracker
+from mpiring.training.model import cross_entropy_sum
+from mpiring.training.optimizer import SGD
+from mpiring.training.report import expected_ratio, format_table, traffic_factor
+from mpiring.training.sharding import Groups, Shards, make_buckets, split_bounds
+
+
+def _loss_and_grads(model: Model, params: numpy.ndarray, ids, targets) -> tuple[float, numpy.ndarray]:
+    h, caches = ids, []
+    for i, layer in enumerate(model.layers):
+        lo, hi = model.span(i)
+        h, cache = layer.forward(numpy, params[lo:hi], h)
+        caches.append(cache)
+    loss, dh = cross_entropy_sum(numpy, h, targets)
+    grads = numpy.empty_like(params)
+    for i in reversed(range(len(model.layers))):
+        lo, hi = model.span(i)
+        dh = model.layers[i].backward(numpy, params[lo:hi], caches[i], dh, grads[lo:hi])
+    return float(loss), grads
+
+
+def test_backward_matches_finite_differences():
+    model = Model(ModelConfig(vocab_size=7, context=3, embed=4, hidden=5, layers=2))
+    params = numpy.concatenate([model.initial(i, seed=3) for i in range(len(model.layers))])
+    rng = numpy.random.default_rng(0)
+    ids, targets = rng.integers(0, 7, (6, 3)), rng.integers(0, 7, 6)
+    _, grads = _loss_and_grads(model, params, ids, targets)
+    eps = 1e-6
+    for k in range(model.param_count):
+        bumped = params.copy()
+        bumped[k] += eps
+        up, _ = _loss_and_grads(model, bumped, ids, targets)
+        bumped[k] -= 2 * eps
+        down, _ = _loss_and_grads(model, bumped, ids, targets)
+        assert (up - down) / (2 * eps) == pytest.approx(grads[k], rel=1e-5, abs=1e-7), f"parameter {k}"
+
+
+def test_gradient_sums_add_up_over_any_split_of_the_batch():
+    model = Model(ModelConfig(vocab_size=7, context=3, embed=4, hidden=5, layers=2))
+    params = numpy.concatenate([model.initial(i, seed=3) for i in range(len(model.layers))])
+    rng = numpy.random.default_rng(1)
+    ids, targets = rng.integers(0, 7, (5, 3)), rng.integers(0, 7, 5)
+    whole_loss, whole = _loss_and_grads(model, params, ids, targets)
+    parts = [_loss_and_grads(model, params, ids[a:b], targets[a:b]) for a, b in ((0, 2), (2, 2), (2, 5))]
+    assert sum(p[0] for p in parts) == pytest.approx(whole_loss, rel=1e-12)
+    numpy.testing.assert_allclose(sum(p[1] for p in parts), whole, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("total", [0, 1, 7, 10, 64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8])
+def test_split_bounds_cut_like_array_split(total, parts):
+    bounds = split_bounds(total, parts)
+    sizes = [len(chunk) for chunk in numpy.array_split(numpy.arange(total), parts)]
+    assert numpy.diff(bounds).tolist() == sizes
+
+
+def test_buckets_cover_every_layer_once_in_backward_order():
+    assert make_buckets([10, 20, 30, 40], cap_bytes=50) == [(3, 3), (1, 2), (0, 0)]
+    assert make_buckets([10, 20, 30, 40], cap_bytes=0) == [(3, 3), (2, 2), (1, 1), (0, 0)]
+    assert make_buckets([10, 20, 30, 40], cap_bytes=10**6) == [(0, 3)]
+    groups = Groups.build([0, 10, 30, 60, 100], make_buckets([10, 20, 30, 40], 50))
+    assert groups.ranges == ((60, 100), (10, 60), (0, 10))
+    assert [groups.completed_by(i) for i in range(4)] == [2, 1, None, 0]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_shards_partition_every_group(size):
+    ranges = [(60, 100), (10, 60), (0, 10), (100, 103)]
+    owned = numpy.zeros(103, dtype=int)
+    for rank in range(size):
+        shards = Shards.of(ranges, rank, size)
+        assert shards.length == sum(hi - lo for lo, hi in shards.pieces)
+        for (lo, hi), (a, b) in zip(shards.pieces, shards.local, strict=True):
+            owned[lo:hi] += 1
+            assert b - a == hi - lo
+    assert (owned == 1).all()
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_update_is_the_same_on_pieces_as_on_the_whole(momentum):
+    rng = numpy.random.default_rng(2)
+    opt = SGD(lr=0.1, momentum=momentum)
+    param, grad, velocity = rng.normal(size=(3, 11))
+    whole = [param.copy(), grad.copy(), [velocity.copy()]]
+    opt.update(numpy, whole[0], whole[1], whole[2], 7)
+    pieces = [param.copy(), grad.copy(), velocity.copy()]
+    for a, b in ((0, 4), (4, 4), (4, 11)):
+        opt.update(numpy, pieces[0][a:b], pieces[1][a:b], [pieces[2][a:b]], 7)
+    assert numpy.array_equal(pieces[0], whole[0])
+    assert opt.slots == (1 if momentum else 0)
+
+
+def test_memory_tracker_sees_buffers_die():
+    memory = MemoryTracker()
+    kept = memory.persistent("params", numpy, 100, numpy.float32)
+    buffer = memory.transient(numpy, 50, numpy.float64)
+    view = buffer[10:20]
+    del buffer
+    assert memory.live["transient"] == 400  # the view keeps the whole buffer alive
+    del view
+    assert memory.live["transient"] == 0
+    assert memory.snapshot() == {"params": 400, "grads": 0, "optimizer": 0, "model_state": 400,
+                                 "peak": 800, "peak_transient": 400}
+    assert kept.nbytes == 400
+
+
+def test_data_batches_depend_on_seed_and_step_only():
+    data = CharData("hello world, hello mpiring! " * 20, context=4)
+    assert data.vocab == "".join(sorted(set(data.vocab)))
+    a = data.global_batch(3, 8, seed=1)
+    assert numpy.array_equal(a, CharData("hello world, hello mpiring! " * 20, 4).global_batch(3, 8, seed=1))
+    assert not numpy.array_equal(a, data.global_batch(4, 8, seed=1))
+    inputs, targets = data.batch(3, 8, 1, rank=0, size=1)
+    assert data.decode(inputs[0].tolist()) + data.decode([int(targets[0])]) == \
+        data.decode(data.tokens[a[0] : a[0] + 5].tolist())
+    with pytest.raises(TrainingError, match="larger than"):
+        data.check_batch_size(10**6)
+    with pytest.raises(TrainingError, match="too short"):
+        CharData("abc", context=4)
+
+
+def test_default_text_ships_with_python():
+    assert len(default_text()) > 100_000
+
+
+def test_unreadable_data_files_say_why(tmp_path):
+    with pytest.raises(TrainingError, match="does not exist"):
+        read_text(str(tmp_path / "missing.txt"))
+    with pytest.raises(TrainingError, match="is a directory"):
+        read_text(str(tmp_path))
+    odd = tmp_path / "latin1.txt"
+    odd.write_bytes(b"caf\xe9 au lait")
+    assert read_text(str(odd)) == "caf\ufffd au lait"
+
+
+def test_expected_ratios_are_the_zero_papers_for_fp32_momentum():
+    for n in (1, 2, 4, 8):
+        assert expected_ratio("zero1", n, 1) == pytest.approx((8 + 4 / n) / 12)
+        assert expected_ratio("zero2", n, 1) == pytest.approx((4 + 8 / n) / 12)
+        assert expected_ratio("zero3", n, 1) == pytest.approx((12 / n) / 12)
+    assert traffic_factor("zero3", 4)[0] == pytest.approx(3 * 3 / 4)
+    assert traffic_factor("zero2", 4)[0] == pytest.approx(2 * 3 / 4)
+
+
+def _fake_report(strategy: str, ratio: float) -> dict:
+    state = int(1_000_000 * ratio)
+    return {"strategy": strategy, "world_size": 4, "final_loss": 2.5, "tokens_per_s": 1000.0,
+            "losses": [4.0, 3.0, 2.5], "param_count": 1000, "model_state_bytes_per_rank": state,
+            "model_state_ratio_to_ddp": ratio, "expected_ratio_to_ddp": ratio, "peak_bytes_per_rank": state + 10,
+            "memory_bytes_per_rank": {"params": state // 3, "grads": state // 3, "optimizer": state // 3},
+            "bytes_sent_per_rank": 1500.0, "bytes_sent_per_rank_theory": 1500.0,
+            "traffic_formula": "2(N-1)/N x model bytes"}
+
+
+def test_summary_table_and_strategy_plot(tmp_path):
+    reports = [_fake_report("ddp", 1.0), _fake_report("zero3", 0.25)]
+    table = format_table(reports)
+    assert "zero3" in table and "0.250" in table
+    pytest.importorskip("matplotlib")
+    from mpiring.training.plotting import plot_run, plot_strategies
+
+    plot_strategies(reports, str(tmp_path / "s.png"))
+    plot_run(reports[0], str(tmp_path / "r.png"))
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    assert (tmp_path / "r.png").stat().st_size > 1000
+    json.dumps(reports)  # reports are plain JSON
+    assert os.path.exists(tmp_path / "r.png")
