@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mpi4py import MPI
@@ -71,23 +71,21 @@ class Traffic:
         self.bytes_sent = self.bytes_received = self.messages = 0
 
 
-@dataclass
 class Step:
     """The messages one step of an algorithm has posted, and what to check once they complete."""
 
-    requests: list[MPI.Request] = field(default_factory=list)
-    peers: list[str] = field(default_factory=list)  # per request: "receive from rank 3", "send to rank 1"
-    # (index into requests, expected bytes, source rank) for every receive
-    receives: list[tuple[int, int, int]] = field(default_factory=list)
-    # work to do once every message has arrived (a staged receive's copy to the device)
-    after: list[Callable[[], None]] = field(default_factory=list)
-    # A staged device step (mpiring.gpu.staging) is pushed along by the host: sends are posted as
-    # their device-to-host copies finish, host-to-device copies start as receives land. The wait
-    # loops call progress(call) until it returns True instead of waiting on `requests` alone.
-    progress: Callable[[Call], bool] | None = None
+    __slots__ = ("requests", "peers", "receives", "after")
+
+    def __init__(self) -> None:
+        self.requests: list[MPI.Request] = []
+        self.peers: list[tuple[str, int]] = []  # per request: ("receive from", 3) or ("send to", 1)
+        # (index into requests, expected bytes, source rank) for every receive
+        self.receives: list[tuple[int, int, int]] = []
+        # work to do once every message has arrived (a staged receive's copy to the device)
+        self.after: list[Callable[[], None]] = []
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One collective call as the driver sees it: what to name in errors, and how long to wait."""
 
@@ -170,7 +168,7 @@ class Ring:
             message, after = backend.receive_message(buf)
             step.receives.append((len(step.requests), buf.nbytes, source))
             step.requests.append(comm.Irecv(message, source, tag))
-            step.peers.append(f"receive from rank {source}")
+            step.peers.append(("receive from", source))
             if after is not None:
                 step.after.append(after)
             traffic.bytes_received += buf.nbytes
@@ -178,7 +176,7 @@ class Ring:
             backend.ready_for_mpi()
         for buf, dest in sends:
             step.requests.append(comm.Isend(backend.send_message(buf), dest, tag))
-            step.peers.append(f"send to rank {dest}")
+            step.peers.append(("send to", dest))
             traffic.bytes_sent += buf.nbytes
             traffic.messages += 1
         return step
@@ -219,7 +217,8 @@ class Ring:
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
             if now >= deadline:
-                waiting = [peer for request, peer in zip(step.requests, step.peers, strict=True) if not request.Test()]
+                pending = zip(step.requests, step.peers, strict=True)
+                waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Test()]
                 raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
             if pause:
                 time.sleep(min(pause, deadline - now))

@@ -5,7 +5,8 @@ on the project's machine; docs/algorithms.md shows the measurements behind them.
 Overrides, strongest first: `algorithm=` on the call; the MPIRING_ALGO environment variable
 (one name for every collective that has it, or "allreduce=ring,broadcast=binomial");
 then this table. MPIRING_DEBUG=1 prints, once per collective and choice, which algorithm ran
-and why.
+and why. Both variables are read when mpiring is imported and again whenever a Communicator is
+created (not on every call: small collectives are paid in Python time).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
 }
 
 _announced: set[tuple[str, str]] = set()
+_environment = {"algo": "", "debug": False}
+
+
+def read_environment() -> None:
+    """Take MPIRING_ALGO and MPIRING_DEBUG from the environment as it is now."""
+    _environment["algo"] = os.environ.get("MPIRING_ALGO", "").strip()
+    _environment["debug"] = os.environ.get("MPIRING_DEBUG") == "1"
 
 
 def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
@@ -43,7 +51,7 @@ def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
 
 def environment_choice(collective: str) -> str | None:
     """The algorithm MPIRING_ALGO names for this collective, if any."""
-    text = os.environ.get("MPIRING_ALGO", "").strip()
+    text = _environment["algo"]
     if not text:
         return None
     if "=" not in text:
@@ -60,7 +68,10 @@ def choose(collective: str, requested: str, nbytes: int, world_size: int) -> str
     algorithm, reason = requested, "asked for"
     if requested == AUTO:
         algorithm, reason = _switch(collective, nbytes, world_size)
-    if os.environ.get("MPIRING_DEBUG") == "1" and (collective, algorithm) not in _announced:
+    if _environment["debug"] and (collective, algorithm) not in _announced:
         _announced.add((collective, algorithm))
         sys.stderr.write(f"mpiring: {collective} ran {algorithm} ({reason})\n")
     return algorithm
+
+
+read_environment()

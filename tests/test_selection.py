@@ -6,7 +6,7 @@ import pytest
 
 from mpiring import ArgumentError
 from mpiring.algorithms import ALGORITHMS
-from mpiring.selection import SWITCH_POINTS, choose
+from mpiring.selection import SWITCH_POINTS, choose, read_environment
 from mpiring.validation import check_algorithm
 
 
@@ -27,21 +27,31 @@ def test_auto_picks_by_size():
     assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
 
 
+@pytest.fixture(autouse=True)
+def _fresh_environment():
+    yield
+    read_environment()  # undo what a test set, once monkeypatch has restored the variables
+
+
 def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("MPIRING_ALGO", "ring")
+    read_environment()
     assert check_algorithm("broadcast", None) == "ring"
     assert check_algorithm("broadcast", "binomial") == "binomial"  # the call's argument wins
     monkeypatch.setenv("MPIRING_ALGO", "allreduce=rabenseifner, broadcast=binomial")
+    read_environment()
     assert check_algorithm("allreduce", None) == "rabenseifner"
     assert check_algorithm("broadcast", None) == "binomial"
     assert check_algorithm("gather", None) == "auto"
     monkeypatch.setenv("MPIRING_ALGO", "allreduce=fastest")
+    read_environment()
     with pytest.raises(ArgumentError, match="MPIRING_ALGO.*unknown algorithm 'fastest'"):
         check_algorithm("allreduce", None)
 
 
 def test_debug_says_what_ran_and_why(monkeypatch, capsys):
     monkeypatch.setenv("MPIRING_DEBUG", "1")
+    read_environment()
     monkeypatch.setattr("mpiring.selection._announced", set())
     choose("allgather", "auto", 100, 8)
     choose("allgather", "auto", 100, 8)  # said once only
