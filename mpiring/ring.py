@@ -74,7 +74,7 @@ class Traffic:
 class Step:
     """The messages one step of an algorithm has posted, and what to check once they complete."""
 
-    __slots__ = ("requests", "peers", "receives", "after")
+    __slots__ = ("requests", "peers", "receives", "after", "progress")
 
     def __init__(self) -> None:
         self.requests: list[MPI.Request] = []
@@ -83,6 +83,8 @@ class Step:
         self.receives: list[tuple[int, int, int]] = []
         # work to do once every message has arrived (a staged receive's copy to the device)
         self.after: list[Callable[[], None]] = []
+        # a step that must be pushed along (staged device transfers): progress(call) -> done
+        self.progress: Callable[[Call], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -234,8 +236,9 @@ class Ring:
             if spins > 64:
                 _yield_core()
             if deadline is not None and time.monotonic() >= deadline:
-                waiting = list(dict.fromkeys(peer for request, peer in zip(step.requests, step.peers, strict=True)
-                                             if request))  # a request is falsy once complete
+                pending = zip(step.requests, step.peers, strict=True)
+                # a request is falsy once complete
+                waiting = list(dict.fromkeys(f"{what} rank {peer}" for request, (what, peer) in pending if request))
                 raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
 
     def _finish(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
