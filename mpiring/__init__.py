@@ -6,12 +6,15 @@
 """
 
 from mpiring.communicator import Communicator
+from mpiring.cuda_detection import cuda_aware, cuda_awareness
 from mpiring.errors import (
     ArgumentError,
     CollectiveMismatchError,
+    CollectiveTimeout,
     CommunicationError,
     MpiringError,
 )
+from mpiring.gpu.binding import bind_device
 from mpiring.ops import AVG, MAX, MIN, OPS, PROD, SUM
 from mpiring.ring import Traffic
 
@@ -19,6 +22,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
-    "ArgumentError", "CollectiveMismatchError", "CommunicationError", "Communicator",
-    "MpiringError", "Traffic", "__version__",
+    "ArgumentError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError", "Communicator",
+    "MpiringError", "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness",
 ]

@@ -1,14 +1,14 @@
-"""`mpiring info` (also `python -m mpiring info`): versions, MPI library and world facts.
+"""`mpiring info` (also `python -m mpiring info`): versions, MPI library, GPU and world facts.
 
-Under mpirun every rank reports; rank 0 prints the table in rank order.
+Under mpirun every rank reports; rank 0 prints the table in rank order: rank -> host -> GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import socket
 import sys
+from typing import Any
 
 
 def _info() -> int:
@@ -23,7 +23,10 @@ def _info() -> int:
         MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
         MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple",
     }
-    row = f"  rank {comm.Get_rank()}: host {socket.gethostname()}"
+    cupy, gpu_lines = _gpu_facts()
+    from mpiring.gpu.binding import describe_binding
+
+    row = "  " + describe_binding(comm, cupy).describe()  # collective: binds each rank to its GPU
     rows = comm.gather(row, root=0)  # info is a diagnostic, so it trusts MPI's own gather
     if comm.Get_rank() != 0:
         return 0
@@ -33,15 +36,44 @@ def _info() -> int:
     print(f"MPI library: {library}")
     print(f"MPI standard {'.'.join(map(str, MPI.Get_version()))}, "
           f"thread level {levels.get(MPI.Query_thread(), MPI.Query_thread())}")
+    print("\n".join(gpu_lines))
     print(f"world size: {comm.Get_size()}")
     print("\n".join(rows))
     return 0
 
 
+def _gpu_facts() -> tuple[Any | None, list[str]]:
+    """CuPy (when it is installed and finds a GPU), and lines on CuPy, the GPUs and CUDA-aware MPI."""
+    from mpiring.cuda_detection import cuda_awareness
+    from mpiring.errors import ArgumentError
+    from mpiring.gpu import path_for
+
+    lines, cupy = [], None
+    try:
+        import cupy as found
+
+        if found.is_available():
+            cupy = found
+            runtime = found.cuda.runtime.runtimeGetVersion()
+            lines.append(f"cupy {found.__version__}, CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}, "
+                         f"{found.cuda.runtime.getDeviceCount()} visible GPU(s)")
+        else:
+            lines.append(f"cupy {found.__version__}: no usable GPU here (cupy.is_available() is False)")
+    except ImportError:
+        lines.append("cupy: not installed (pip install 'mpiring[gpu]' for CuPy device buffers)")
+    try:
+        awareness = cuda_awareness()
+        lines.append(f"CUDA-aware MPI: {'yes' if awareness.aware else 'no'} ({awareness.how}); "
+                     f"device buffers take the {path_for(awareness)} path")
+    except ArgumentError as error:
+        lines.append(f"CUDA-aware MPI: {error}")
+    return cupy, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpiring", description="mpiring: ring collectives over MPI")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, MPI library, world size and thread level")
+    sub.add_parser("info", help="versions, MPI library, GPUs, CUDA-aware MPI, world size, rank -> host -> GPU")
     args = parser.parse_args(argv)
     if args.command == "info":
         return _info()

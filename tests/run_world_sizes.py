@@ -4,9 +4,10 @@
     python tests/run_world_sizes.py                  # sizes 1 2 3 4 8
     python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
 
-No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py and
-`python -m mpi4py`), pytest-timeout's thread method stops a stuck test, MPIEXEC_TIMEOUT
-and an outer timeout stop a stuck launch. Works with the MPICH and Open MPI wheels.
+No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py, and
+tests/mpi_pytest.py for any other pytest exit, under `python -m mpi4py`), pytest-timeout's
+thread method stops a stuck test, MPIEXEC_TIMEOUT and an outer timeout stop a stuck launch.
+Works with the MPICH and Open MPI wheels.
 """
 
 from __future__ import annotations
@@ -102,10 +103,8 @@ def main() -> int:
         results.append(("serial", code, counts(output)))
 
     for size in args.sizes:
-        pytest = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-m", "mpi", *timeouts, *args.pytest_args]
-        command = [mpiexec, "-n", "1", sys.executable, *pytest, "-q"]
-        if size > 1:  # the other ranks stay quiet, so the log holds one summary
-            command += [":", "-n", str(size - 1), sys.executable, *pytest, "-p", "no:terminal"]
+        command = [mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py", os.path.join(HERE, "mpi_pytest.py"),
+                   "--with-mpi", "-m", "mpi", "-q", *timeouts, *args.pytest_args]
         code, output = run(command, dict(env, MPIEXEC_TIMEOUT=str(args.run_timeout)), args.run_timeout + 30)
         results.append((f"world size {size}", code, counts(output)))
 

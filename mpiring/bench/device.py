@@ -10,14 +10,13 @@ race. `MPIRING_CUDA_AWARE=1` or `=0` overrides the detection.
 
 from __future__ import annotations
 
-import ctypes
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
+from mpiring import bind_device, cuda_aware
 from mpiring.bench.options import UsageError
 
 
@@ -60,31 +59,7 @@ def open_device(name: str, world: MPI.Intracomm) -> Device:
     if failed:
         rank, text = failed[0]
         raise UsageError(f"--device gpu: rank {rank}: {text}")
-    # One GPU per rank on each node, round robin over the node's GPUs.
-    local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    cupy.cuda.Device(local.Get_rank() % cupy.cuda.runtime.getDeviceCount()).use()
-    local.Free()
-    if world.allreduce(mpi_is_cuda_aware(), op=MPI.LAND):
+    bind_device(world)  # one GPU per node-local rank, as mpiring's own collectives expect
+    if world.allreduce(cuda_aware(), op=MPI.LAND):
         return Device("gpu", cupy, cupy, "device buffers (CUDA-aware MPI)")
     return Device("gpu", cupy, numpy, "host buffers: MPI is not CUDA-aware")
-
-
-def mpi_is_cuda_aware() -> bool:
-    """Whether the loaded MPI library can take CUDA device pointers (call after MPI init).
-
-    Asks the library through its own extension (mpi4py has no call for it): Open MPI's
-    MPIX_Query_cuda_support, MPICH's MPIX_GPU_query_support. Unknown libraries count as not aware.
-    """
-    override = os.environ.get("MPIRING_CUDA_AWARE")
-    if override is not None:
-        return override.strip().lower() not in ("", "0", "no", "false")
-    with open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "/libmpi" in line})
-    for path in paths:
-        library = ctypes.CDLL(path)
-        if "Open MPI" in MPI.Get_library_version() and hasattr(library, "MPIX_Query_cuda_support"):
-            return bool(library.MPIX_Query_cuda_support())
-        if hasattr(library, "MPIX_GPU_query_support"):  # MPICH >= 4; 0 = MPIX_GPU_SUPPORT_CUDA
-            flag = ctypes.c_int(0)
-            return library.MPIX_GPU_query_support(0, ctypes.byref(flag)) == 0 and bool(flag.value)
-    return False

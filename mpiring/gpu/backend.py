@@ -1,0 +1,128 @@
+"""CuPy device buffers behind the same seam as NumPy (mpiring.backend): two paths to MPI.
+
+- direct (`CupyBackend`): the MPI library is CUDA-aware, so device buffers go to MPI as they are.
+  mpi4py does not synchronize streams, so the compute stream is synchronized before any device
+  buffer is handed to MPI (one stream, not the whole device).
+- staged (`StagedCupyBackend`): MPI only ever sees pinned host memory; each ring step's
+  messages are copied through it in overlapping segments (mpiring.gpu.staging).
+
+Either way the reductions run on the device, in place, as CuPy elementwise kernels: one kernel
+per combine (out = a op b), none on the host. Results are CuPy arrays on the input's device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy
+from mpi4py import MPI
+
+from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, segment_bytes_from_env
+from mpiring.ops import AVG, UFUNC_NAMES
+from mpiring.ring import Ring, Step
+
+_EMPTY = numpy.empty(0, numpy.uint8)  # zero-byte messages: never hand MPI a (possibly null) device pointer
+
+
+class CupyBackend:
+    """Device buffers on one GPU, handed to a CUDA-aware MPI directly."""
+
+    name = "cupy"
+    staged = False
+    path = "direct"
+
+    def __init__(self, xp: Any, device: AbstractContextManager, engine: CopyEngine, name: str = "cupy") -> None:
+        # The name also keys the Ring's reusable scratch buffers, so it names the GPU: a buffer
+        # of one device must never be handed to a collective on another.
+        self.name = name
+        self.xp = xp  # cupy (or a test double with the same calls)
+        self.device = device  # entering it makes this GPU current: kernels run where the data is
+        self.engine = engine
+
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, self.xp.ndarray)
+
+    def asarray(self, x: Any) -> Any:
+        with self.device:
+            return self.xp.asarray(x)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        with self.device:
+            return self.xp.empty(shape, dtype=dtype)
+
+    def flat(self, x: Any) -> Any:
+        """A 1-D view of a C-contiguous array (a device copy only if it is not contiguous)."""
+        with self.device:
+            return self.xp.ascontiguousarray(x).reshape(-1)
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        """out = a (op) b on the device: one elementwise kernel on the current stream."""
+        with self.device:
+            getattr(self.xp, UFUNC_NAMES[op])(a, b, out=out)
+
+    def finish(self, op: str, buf: Any, world_size: int) -> None:
+        if op == AVG and buf.size:
+            with self.device:
+                self.xp.true_divide(buf, world_size, out=buf)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        with self.device:
+            self.xp.copyto(dst, src)
+
+    def may_share_memory(self, a: Any, b: Any) -> bool:
+        if not (self.is_array(a) and self.is_array(b)):
+            return False  # host and device memory never overlap
+        return bool(self.xp.may_share_memory(a, b))
+
+    def ready_for_mpi(self) -> None:
+        """The kernels that wrote the send buffers must be finished before MPI reads them."""
+        self.engine.synchronize()
+
+    def send_message(self, buf: Any) -> list:
+        return [buf if buf.nbytes else _EMPTY, MPI.BYTE]
+
+    def receive_message(self, buf: Any) -> tuple[list, None]:
+        # MPI may write as soon as the receive is posted: no queued kernel may still use the buffer.
+        self.engine.synchronize()
+        return [buf if buf.nbytes else _EMPTY, MPI.BYTE], None
+
+
+class StagedCupyBackend(CupyBackend):
+    """Device buffers on one GPU, through pinned host memory: for an MPI that is not CUDA-aware."""
+
+    staged = True
+    path = "staged"
+
+    def __init__(
+        self, xp: Any, device: AbstractContextManager, engine: CopyEngine, pool: PinnedPool | None = None,
+        segment_bytes: int | None = None, name: str = "cupy",
+    ) -> None:
+        super().__init__(xp, device, engine, name)
+        self.pool = pool if pool is not None else PinnedPool(engine.pinned, engine.done)
+        self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
+
+    def post_staged(
+        self, ring: Ring, tag: int, sends: Sequence[tuple[Any, int]] = (), receives: Sequence[tuple[Any, int]] = ()
+    ) -> Step:
+        """Ring.post for staged buffers: the step's messages go through a StagedTransfer."""
+        step = Step()
+        transfer = StagedTransfer(ring.comm, self.engine, self.pool, tag, step, self.segment_bytes)
+        step.progress = transfer.progress
+        traffic = ring.traffic
+        for buf, _ in receives:
+            traffic.bytes_received += buf.nbytes
+        for buf, _ in sends:
+            traffic.bytes_sent += buf.nbytes
+            traffic.messages += 1  # messages the algorithm sent; MPI sees one per segment
+        with self.device:
+            transfer.post(sends, receives)
+        return step
+
+    # The staged path never lets a device buffer near MPI: Ring.post routes it to post_staged.
+    def send_message(self, buf: Any) -> list:
+        raise RuntimeError("staged device buffers must go through post_staged, never straight to MPI")
+
+    def receive_message(self, buf: Any) -> tuple[list, None]:
+        raise RuntimeError("staged device buffers must go through post_staged, never straight to MPI")

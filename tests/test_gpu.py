@@ -1,0 +1,220 @@
+"""Every collective on CuPy device buffers, on a real GPU: the core matrix of test_collectives
+(ops x dtypes x lengths x roots, out=, in place, strided) against NumPy oracles, on the path the
+MPI library allows ("auto") and on the staged path forced with MPIRING_CUDA_AWARE=0.
+
+Skips, with the reason, where CuPy is missing or finds no GPU (CI, the project's machines).
+On a GPU machine:  python tests/run_world_sizes.py --sizes 1 2 4 -- tests/test_gpu.py
+Ranks share GPUs round robin (mpiring.bind_device), so one GPU serves every world size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import DTYPES, OPS, all_inputs, assert_same, numpy_reduce, op_valid, rank_input
+
+import mpiring
+
+pytestmark = pytest.mark.mpi
+
+try:
+    import cupy
+except ImportError as error:  # not installed, or installed for another CUDA
+    pytest.skip(f"CuPy is not importable ({error}); pip install 'mpiring[gpu]' for the GPU tests",
+                allow_module_level=True)
+if not cupy.is_available():
+    pytest.skip("CuPy finds no usable CUDA GPU here (cupy.is_available() is False)", allow_module_level=True)
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+DEVICE = mpiring.bind_device(WORLD)  # collective: every rank imports this module
+BIG = 70_001
+SEGMENTED = (1 << 20) + 3  # float32: past the 1 MiB staging segment, a ragged last one
+LENGTHS = sorted({0, 1, N + 1, 37, BIG})
+ROOTS = sorted({0, N - 1, N // 2})
+OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d)]
+
+
+@pytest.fixture(params=["auto", "staged"])
+def path(request, monkeypatch):
+    """"auto": what cuda_aware() allows; "staged": forced through pinned host memory."""
+    if request.param == "staged":
+        monkeypatch.setenv("MPIRING_CUDA_AWARE", "0")
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def gcomm():
+    comm = mpiring.Communicator()
+    yield comm
+    comm.free()
+
+
+def dev(a):
+    return cupy.asarray(a)
+
+
+def host(x, what: str = "result"):
+    """A collective's result, checked to be a CuPy array on this rank's GPU, as NumPy."""
+    assert isinstance(x, cupy.ndarray), f"{what}: got {type(x).__name__}, not a CuPy array"
+    assert x.device.id == DEVICE, f"{what}: on GPU {x.device.id}, expected GPU {DEVICE}"
+    return cupy.asnumpy(x)
+
+
+def _case_id(case) -> str:
+    return f"{case[0].name}-{case[1]}"
+
+
+def test_ranks_are_bound_round_robin():
+    from mpiring.gpu.binding import node_local_rank
+
+    local_rank, _ = node_local_rank(WORLD)
+    assert DEVICE == local_rank % cupy.cuda.runtime.getDeviceCount()
+    assert cupy.cuda.Device().id == DEVICE
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_allreduce(gcomm, path, case):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        got = gcomm.allreduce(dev(inputs[RANK]), op=op)
+        assert_same(host(got), numpy_reduce(op, inputs), f"{path} allreduce {op} {dtype} len {length}")
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_reduce(gcomm, path, case):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        for root in ROOTS:
+            got = gcomm.reduce(dev(inputs[RANK]), op=op, root=root)
+            if RANK == root:
+                assert_same(host(got), numpy_reduce(op, inputs), f"{path} reduce {op} {dtype} len {length}")
+            else:
+                assert got is None
+
+
+@pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
+def test_reduce_scatter(gcomm, path, case):
+    dtype, op = case
+    for seed, rows in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, (rows, 2), dtype, op)
+        got = gcomm.reduce_scatter(dev(inputs[RANK]), op=op)
+        want = np.array_split(numpy_reduce(op, inputs), N)[RANK]
+        assert_same(host(got), want, f"{path} reduce_scatter {op} {dtype} rows {rows}")
+
+
+def _rows_of(rank: int, seed: int) -> int:
+    return (3 * rank + seed) % 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_allgather_and_gather(gcomm, path, dtype):
+    for seed in range(3):
+        blocks = [rank_input(seed, k, (_rows_of(k, seed), 3), dtype) for k in range(N)]
+        assert_same(host(gcomm.allgather(dev(blocks[RANK]))), np.concatenate(blocks), f"{path} allgather {dtype}")
+        for root in ROOTS:
+            got = gcomm.gather(dev(blocks[RANK]), root=root)
+            if RANK == root:
+                assert_same(host(got), np.concatenate(blocks), f"{path} gather {dtype} root {root}")
+    big = [rank_input(9, k, BIG + k, dtype) for k in range(N)]
+    assert_same(host(gcomm.allgather(dev(big[RANK]))), np.concatenate(big), f"{path} allgather {dtype} large")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_scatter_and_broadcast(gcomm, path, dtype):
+    for seed, rows in enumerate(LENGTHS):
+        for root in ROOTS:
+            full = rank_input(seed, root, (rows, 3), dtype)
+            part = np.array_split(full, N)[RANK]
+            out = dev(np.zeros_like(part))  # non-roots name the device through out=
+            got = gcomm.scatter(dev(full) if RANK == root else None, root=root, out=out)
+            assert got is out
+            assert_same(host(got), part, f"{path} scatter {dtype} rows {rows} root {root}")
+            mine = dev(full if RANK == root else np.zeros_like(full))
+            assert_same(host(gcomm.broadcast(mine, root=root)), full, f"{path} broadcast {dtype} rows {rows}")
+
+
+def test_segmented_messages(gcomm, path):
+    """Messages of several staging segments, with a ragged last one, in every collective."""
+    inputs = all_inputs(5, N, SEGMENTED, np.float32)
+    assert_same(host(gcomm.allreduce(dev(inputs[RANK]))), numpy_reduce("sum", inputs), f"{path} allreduce 4 MiB")
+    root = N - 1
+    got = gcomm.broadcast(dev(inputs[root]) if RANK == root else dev(np.zeros_like(inputs[root])), root=root)
+    assert_same(host(got), inputs[root], f"{path} broadcast 4 MiB")
+    assert_same(host(gcomm.allgather(dev(inputs[RANK][: SEGMENTED // N]))),
+                np.concatenate([a[: SEGMENTED // N] for a in inputs]), f"{path} allgather")
+
+
+def test_out_in_place_and_strided(gcomm, path):
+    inputs = all_inputs(5, N, (N + 3, 2), np.float64)
+    total = numpy_reduce("sum", inputs)
+    out = dev(np.full_like(inputs[RANK], np.nan))
+    assert gcomm.allreduce(dev(inputs[RANK]), out=out) is out
+    assert_same(host(out), total, f"{path} allreduce out=")
+    x = dev(inputs[RANK])
+    assert gcomm.allreduce(x, out=x) is x
+    assert_same(host(x), total, f"{path} allreduce in place")
+    strided = dev(np.full((N + 3, 4), np.nan))[:, ::2]
+    assert gcomm.allreduce(dev(inputs[RANK]), out=strided) is strided
+    assert_same(host(strided), total, f"{path} allreduce strided out=")
+    arrays = all_inputs(11, N, (40, 6), np.float32)
+    source = dev(arrays[RANK])[::2, 1:]  # a strided device input
+    assert not source.flags.c_contiguous
+    assert_same(host(gcomm.allreduce(source)), numpy_reduce("sum", [a[::2, 1:] for a in arrays]), f"{path} strided x")
+    part = np.array_split(total, N)[RANK]
+    out = dev(np.full_like(part, np.nan))
+    assert gcomm.reduce_scatter(dev(inputs[RANK]), out=out) is out
+    assert_same(host(out), part, f"{path} reduce_scatter out=")
+
+
+def test_stream_ordering(gcomm, path):
+    """Data written by kernels queued just before the call is what travels, on the default stream
+    and on a stream the caller made current; later kernels see the received data."""
+    n = 1 << 22
+    for stream in (None, cupy.cuda.Stream(non_blocking=True)):
+        with stream if stream is not None else cupy.cuda.Stream.null:
+            x = cupy.full(n, RANK + 1, dtype=cupy.float32)
+            for _ in range(30):  # a long queue of kernels ahead of the collective
+                x = x * 1.0
+            got = gcomm.allreduce(x)
+            doubled = got * 2  # queued after the collective on the same stream
+            want = float(N * (N + 1) // 2)
+            assert float(doubled[0]) == 2 * want and float(doubled[-1]) == 2 * want
+            assert bool((got == want).all())
+
+
+def test_nonblocking(gcomm, path):
+    inputs = all_inputs(3, N, 5000, np.float32)
+    requests = [gcomm.iallreduce(dev(inputs[RANK]), op=op) for op in ("sum", "max")]
+    assert_same(host(requests[1].wait()), numpy_reduce("max", inputs), f"{path} iallreduce max")
+    assert_same(host(requests[0].wait()), numpy_reduce("sum", inputs), f"{path} iallreduce sum")
+
+
+def test_staged_pool_is_reused(gcomm, monkeypatch):
+    monkeypatch.setenv("MPIRING_CUDA_AWARE", "0")
+    from mpiring.gpu import device_backend
+
+    x = dev(rank_input(2, RANK, 3 << 20, np.float32))
+    backend = device_backend(x)
+    assert backend.staged
+    for _ in range(3):
+        gcomm.allreduce(x)
+    warm = backend.pool.allocations
+    for _ in range(5):
+        gcomm.allreduce(x)
+    assert backend.pool.allocations == warm
+
+
+def test_direct_path_matches_native_mpi(gcomm, monkeypatch):
+    monkeypatch.delenv("MPIRING_CUDA_AWARE", raising=False)
+    if not mpiring.cuda_aware():
+        pytest.skip(f"MPI is not CUDA-aware ({mpiring.cuda_awareness().how}): no direct path here")
+    x = dev(rank_input(4, RANK, BIG, np.float64))
+    native = cupy.empty_like(x)
+    cupy.cuda.get_current_stream().synchronize()
+    WORLD.Allreduce(x, native, MPI.SUM)
+    assert_same(host(gcomm.allreduce(x)), cupy.asnumpy(native), "direct allreduce vs native")
