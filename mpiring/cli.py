@@ -17,8 +17,10 @@ def _info() -> int:
     from mpi4py import MPI
 
     import mpiring
+    from mpiring.launch import check_world_size
 
     comm = MPI.COMM_WORLD
+    check_world_size(comm.Get_size())  # under a plain srun, say so instead of "world size: 1" N times
     levels = {
         MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
         MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple",
