@@ -20,13 +20,14 @@ AUTO = "auto"
 # The message size is per rank for the reductions and broadcast, the whole result for
 # gather, all-gather and scatter. None means "any size".
 SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
-    "broadcast": [(64 << 10, "binomial"), (None, "ring")],
-    "reduce": [(64 << 10, "binomial"), (None, "ring")],
-    "allreduce": [(16 << 10, "recursive_doubling"), (512 << 10, "rabenseifner"), (None, "ring")],
-    "gather": [(256 << 10, "binomial"), (None, "ring")],
-    "allgather": [(64 << 10, "bruck"), (None, "ring")],
-    "scatter": [(256 << 10, "binomial"), (None, "ring")],
-    "reduce_scatter": [(64 << 10, "recursive_halving"), (None, "ring")],
+    "broadcast": [(4 << 20, "binomial"), (None, "ring")],
+    "reduce": [(1 << 20, "binomial"), (None, "ring")],
+    "allreduce": [(64 << 10, "recursive_doubling"), (1 << 20, "rabenseifner"), (None, "ring")],
+    "gather": [(1 << 20, "binomial"), (None, "ring")],
+    # Bruck's fewer rounds lost to the ring at 4 and 8 ranks here at every size (docs/algorithms.md)
+    "allgather": [(None, "ring")],
+    "scatter": [(4 << 20, "binomial"), (None, "ring")],
+    "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
 }
 

@@ -53,10 +53,10 @@ def test_debug_says_what_ran_and_why(monkeypatch, capsys):
     monkeypatch.setenv("MPIRING_DEBUG", "1")
     read_environment()
     monkeypatch.setattr("mpiring.selection._announced", set())
-    choose("allgather", "auto", 100, 8)
-    choose("allgather", "auto", 100, 8)  # said once only
-    choose("allgather", "ring", 100, 8)
+    choose("reduce_scatter", "auto", 100, 8)
+    choose("reduce_scatter", "auto", 100, 8)  # said once only
+    choose("reduce_scatter", "ring", 100, 8)
     err = capsys.readouterr().err.splitlines()
-    bound = SWITCH_POINTS["allgather"][0][0]
-    assert err == [f"mpiring: allgather ran bruck (auto: 100 B <= {bound} B at 8 ranks)",
-                   "mpiring: allgather ran ring (asked for)"]
+    bound, small = SWITCH_POINTS["reduce_scatter"][0]
+    assert err == [f"mpiring: reduce_scatter ran {small} (auto: 100 B <= {bound} B at 8 ranks)",
+                   "mpiring: reduce_scatter ran ring (asked for)"]

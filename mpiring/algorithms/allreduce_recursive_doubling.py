@@ -47,18 +47,19 @@ def allreduce_recursive_doubling(
     if out is not src:
         backend.copy(out, src)
     fold = Fold(ring.rank, ring.size)
-    scratch = backend.empty(out.size, out.dtype)
-    yield from fold_in(ring, backend, tag, fold, out, scratch, op)
-    if not fold.sits_out:
-        me = fold.virtual
-        mask = 1
-        while mask < fold.p2:
-            partner = me ^ mask
-            yield ring.post(backend, tag, sends=[(out, fold.real(partner))], receives=[(scratch, fold.real(partner))])
-            if me < partner:
-                backend.combine(op, out, scratch, out)
-            else:
-                backend.combine(op, scratch, out, out)
-            mask <<= 1
-        backend.finish(op, out, ring.size)
+    with ring.scratch(backend, out.size, out.dtype) as scratch:
+        yield from fold_in(ring, backend, tag, fold, out, scratch, op)
+        if not fold.sits_out:
+            me = fold.virtual
+            mask = 1
+            while mask < fold.p2:
+                partner = me ^ mask
+                peer = fold.real(partner)
+                yield ring.post(backend, tag, sends=[(out, peer)], receives=[(scratch, peer)])
+                if me < partner:
+                    backend.combine(op, out, scratch, out)
+                else:
+                    backend.combine(op, scratch, out, out)
+                mask <<= 1
+            backend.finish(op, out, ring.size)
     yield from fold_out(ring, backend, tag, fold, out)

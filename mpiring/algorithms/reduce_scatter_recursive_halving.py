@@ -60,16 +60,16 @@ def reduce_scatter_recursive_halving(
     """Reduce flat `src` (chunk c spans bounds[c]:bounds[c+1]) into `result`, this rank's chunk."""
     r = ring.rank
     fold = Fold(r, ring.size)
-    work = backend.empty(src.size, src.dtype)
-    backend.copy(work, src)
-    scratch = backend.empty(src.size, src.dtype)
-    yield from fold_in(ring, backend, tag, fold, work, scratch, op)
-    if fold.sits_out:
-        yield ring.post(backend, tag, receives=[(result, fold.partner)])
-    else:
-        yield from halving_steps(ring, backend, tag, fold, work, scratch, virtual_bounds(fold, bounds), op)
-        if fold.partner is not None:  # hand the even partner its chunk
-            p_lo, p_hi = bounds[fold.partner], bounds[fold.partner + 1]
-            yield ring.post(backend, tag, sends=[(work[p_lo:p_hi], fold.partner)])
-        backend.copy(result, work[bounds[r] : bounds[r + 1]])
+    with ring.scratch(backend, 2 * src.size, src.dtype) as both:
+        work, scratch = both[: src.size], both[src.size :]
+        backend.copy(work, src)
+        yield from fold_in(ring, backend, tag, fold, work, scratch, op)
+        if fold.sits_out:
+            yield ring.post(backend, tag, receives=[(result, fold.partner)])
+        else:
+            yield from halving_steps(ring, backend, tag, fold, work, scratch, virtual_bounds(fold, bounds), op)
+            if fold.partner is not None:  # hand the even partner its chunk
+                p_lo, p_hi = bounds[fold.partner], bounds[fold.partner + 1]
+                yield ring.post(backend, tag, sends=[(work[p_lo:p_hi], fold.partner)])
+            backend.copy(result, work[bounds[r] : bounds[r + 1]])
     backend.finish(op, result, ring.size)
