@@ -13,11 +13,13 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiring import collectives
+from mpiring import collectives, consistency
 from mpiring.backend import NUMPY, backend_for
 from mpiring.errors import ArgumentError
+from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
+from mpiring.selection import read_environment
 from mpiring.validation import check_algorithm, check_array, check_op, check_out, check_root, check_timeout
 
 
@@ -30,17 +32,26 @@ class Communicator:
     `timeout` (seconds; default from the MPIRING_TIMEOUT environment variable, else none) bounds
     how long any collective of this communicator waits for a step before raising
     `CollectiveTimeout`; each call may override it with its own `timeout=`.
+
+    `check` (default from the MPIRING_CHECK environment variable, else off) makes every
+    collective first compare a fingerprint of its call across the ranks and raise
+    `CollectiveMismatchError` on every rank where they differ (see mpiring.consistency).
     """
 
-    def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None) -> None:
+    def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None,
+                 check: bool | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise ArgumentError("Communicator", "comm", f"must be an mpi4py intracommunicator, got {base!r}")
+        if comm is None:  # a launcher that started N processes but not one N-rank job: say so now
+            check_world_size(base.Get_size())
+        read_environment()
         if timeout is None and os.environ.get("MPIRING_TIMEOUT"):
             timeout = _env_timeout()
         self.timeout = check_timeout("Communicator", timeout)
         self._mpi = base
         self._ring = Ring(base.Dup())
+        self._check = consistency.make_checker(self._ring, check, self.timeout)
 
     @property
     def rank(self) -> int:
@@ -66,10 +77,14 @@ class Communicator:
 
     # ---- plumbing: every public method is one of these two around a builder below ----
 
-    def _call(self, collective: str, algorithm: Any, timeout: Any) -> Call:
+    def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
+              root: Any = None) -> Call:
         algorithm = check_algorithm(collective, algorithm)
         timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
-        return Call(collective, algorithm, self._ring.next_tag(), timeout)
+        call = Call(collective, algorithm, self._ring.next_tag(), timeout)
+        if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op and root first
+            self._check.compare(call, x, op, root)
+        return call
 
     def _wait(self, call: Call, steps: Steps) -> Any:
         return run_to_end(self._ring, steps, call)
@@ -84,7 +99,7 @@ class Communicator:
         x = check_array("broadcast", "x", x, backend)
         root = check_root("broadcast", root, self.size)
         out = check_out("broadcast", out, x.shape, x.dtype, backend)
-        call = self._call("broadcast", algorithm, timeout)
+        call = self._call("broadcast", algorithm, timeout, x, None, root)
         return call, collectives.broadcast(self._ring, backend, call, x, root, out)
 
     def _reduce(self, x, op, root, out, algorithm, timeout) -> tuple[Call, Steps]:
@@ -94,7 +109,7 @@ class Communicator:
         root = check_root("reduce", root, self.size)
         if self.rank == root:
             out = check_out("reduce", out, x.shape, x.dtype, backend)
-        call = self._call("reduce", algorithm, timeout)
+        call = self._call("reduce", algorithm, timeout, x, op, root)
         return call, collectives.reduce(self._ring, backend, call, x, op, root, out)
 
     def _allreduce(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
@@ -102,20 +117,20 @@ class Communicator:
         x = check_array("allreduce", "x", x, backend)
         op = check_op("allreduce", op, x.dtype)
         out = check_out("allreduce", out, x.shape, x.dtype, backend)
-        call = self._call("allreduce", algorithm, timeout)
+        call = self._call("allreduce", algorithm, timeout, x, op)
         return call, collectives.allreduce(self._ring, backend, call, x, op, out)
 
     def _gather(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("gather", "x", x, backend, split=True)
         root = check_root("gather", root, self.size)
-        call = self._call("gather", algorithm, timeout)
+        call = self._call("gather", algorithm, timeout, x, None, root)
         return call, collectives.gather(self._ring, backend, call, x, root, out)
 
     def _allgather(self, x, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("allgather", "x", x, backend, split=True)
-        call = self._call("allgather", algorithm, timeout)
+        call = self._call("allgather", algorithm, timeout, x)
         return call, collectives.allgather(self._ring, backend, call, x, out)
 
     def _scatter(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
@@ -128,14 +143,14 @@ class Communicator:
                 x = check_array("scatter", "x", x, backend, split=True)
             except ArgumentError as problem:
                 root_problem = problem  # every rank must hear of it, or they would wait for data
-        call = self._call("scatter", algorithm, timeout)
+        call = self._call("scatter", algorithm, timeout, None, None, root)
         return call, collectives.scatter(self._ring, backend, call, x, root, out, root_problem)
 
     def _reduce_scatter(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
         backend = backend_for(x)
         x = check_array("reduce_scatter", "x", x, backend, split=True)
         op = check_op("reduce_scatter", op, x.dtype)
-        call = self._call("reduce_scatter", algorithm, timeout)
+        call = self._call("reduce_scatter", algorithm, timeout, x, op)
         return call, collectives.reduce_scatter(self._ring, backend, call, x, op, out)
 
     def _barrier(self, algorithm, timeout) -> tuple[Call, Steps]:

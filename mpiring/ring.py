@@ -219,9 +219,13 @@ class Ring:
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
             if now >= deadline:
+                # Get_status only looks: Test would free a request that finished since Testall,
+                # losing its status, and could leave nobody to name when the last ones just arrived.
                 pending = zip(step.requests, step.peers, strict=True)
-                waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Test()]
-                raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+                waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Get_status()]
+                if waiting:
+                    raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+                continue  # all arrived at the deadline: the next Testall completes the step
             if pause:
                 time.sleep(min(pause, deadline - now))
             pause = min(max(pause * 2, 1e-5), 1e-3)  # spin once, then 10 us doubling to 1 ms

@@ -1,0 +1,289 @@
+"""Cross-rank consistency checks: with MPIRING_CHECK=1 every collective first compares a small
+fingerprint of its call across the ranks, and raises `CollectiveMismatchError` on every rank,
+naming the ranks and the fields that differ, instead of hanging or returning wrong data.
+
+The fingerprint of a call (one fixed-size record per rank):
+
+    field        compared for                                   value
+    seq          every collective                               calls made on this communicator
+    collective   every collective                               "allreduce", ...
+    algorithm    every collective                               as asked for ("auto", "ring", ...)
+    op           reduce, allreduce, reduce_scatter              "sum", ...
+    root         broadcast, reduce, gather, scatter             the root rank
+    dtype        all but barrier and scatter                    numpy's dtype.str ("<f8")
+    shape        broadcast, reduce, allreduce, reduce_scatter   the whole shape
+    row shape    gather, allgather                              shape[1:] (row counts may differ)
+
+scatter's non-root ranks know neither the dtype nor the shape (only the root holds the data),
+so scatter compares only seq, collective, algorithm and root. When the collectives themselves
+differ, only that (and seq) is reported: the other fields of different collectives do not
+compare meaningfully.
+
+The exchange is one step of mpiring's own point-to-point transport: every rank sends its record
+to every other rank and receives theirs, on a tag no collective uses, so a rank that never
+arrives is named directly by a timeout ("still waiting to receive from rank 3"). Because the
+records have a fixed size and a private tag, the exchange itself always matches up, whatever
+the ranks called. It is blocking even for the nonblocking collectives: `icollective` returns
+only after every rank has issued the same call (a debugging mode, not a fast one).
+
+After a mismatch every rank has raised and no message is left in flight, so the communicator
+stays usable (unless the sequence numbers differed: then the ranks' call counters, which also
+pick the message tags, disagree, and later collectives would not match).
+
+Checking is decided when the `Communicator` is created (MPIRING_CHECK, or `check=`); the ranks
+agree then, and it is on for all of them if any rank asked for it, so a rank that checks never
+waits for records from one that does not. Off, it costs one `is not None` test (and three
+positional arguments) per call; docs/reliability.md has the measured cost when on.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+from typing import Any
+
+import numpy
+
+from mpiring.backend import NUMPY
+from mpiring.errors import ArgumentError, CollectiveMismatchError
+from mpiring.ring import Call, Ring, Steps, run_to_end
+
+# Collective calls take tags 0..32766 in turn (mpiring.ring._TAG_SPACE); the MPI standard
+# guarantees tags up to 32767, so this one is free for the check's own messages.
+CHECK_TAG = 32767
+
+_TEXT = 32  # bytes for a name in a record; longer names are shortened with a checksum
+_MAX_DIMS = 8  # dimensions stored as numbers; a longer shape is also compared by checksum
+_UNKNOWN = -1
+
+RECORD = numpy.dtype([
+    ("seq", "<i8"),
+    ("collective", f"S{_TEXT}"),
+    ("algorithm", f"S{_TEXT}"),
+    ("op", f"S{_TEXT}"),
+    ("root", "<i8"),
+    ("dtype", f"S{_TEXT}"),
+    ("ndim", "<i8"),
+    ("dims", "<i8", (_MAX_DIMS,)),
+    ("shape_crc", "<i8"),
+])
+assert RECORD.fields["seq"][1] == 0 and RECORD.itemsize % 8 == 0  # Checker writes seq as word 0
+
+_REDUCTIONS = ("reduce", "allreduce", "reduce_scatter")
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+_GATHERING = ("gather", "allgather")  # compare the row shape only: row counts may differ
+_NO_DATA = ("barrier", "scatter")  # scatter: only the root knows the dtype and shape
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+class CallMismatchError(CollectiveMismatchError):
+    """The ranks' fingerprints of one collective call differ (MPIRING_CHECK).
+
+    `fields` names what differs ("dtype", "shape", ...); `ranks` are the ranks outside the
+    largest group that agrees on every differing field (on a tie, the group holding the lowest
+    rank counts as the reference); `groups` maps each field to {value: [ranks]}.
+    """
+
+    def __init__(self, collective: str, groups: dict[str, dict[str, list[int]]], ranks: list[int]) -> None:
+        self.fields = list(groups)
+        self.groups = groups
+        self.ranks = ranks
+        parts = []
+        for name, by_value in groups.items():
+            parts.append(f"{name} " + " but ".join(f"{value} on {_ranks(who)}" for value, who in by_value.items()))
+        super().__init__(
+            collective,
+            f"the ranks called it differently (MPIRING_CHECK): {'; '.join(parts)}; "
+            f"{_ranks(ranks)} {'differs' if len(ranks) == 1 else 'differ'} from the rest",
+        )
+
+
+def wanted(check: bool | None) -> bool:
+    """Whether this rank asks for checks: `check=` if given, else MPIRING_CHECK."""
+    if check is not None:
+        return bool(check)
+    text = os.environ.get("MPIRING_CHECK", "").strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ArgumentError("Communicator", "MPIRING_CHECK", f"must be 1 or 0 (true/false, on/off), got {text!r}")
+
+
+class Checker:
+    """Compares each collective call's fingerprint across the ranks of one communicator."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.seq = 0  # calls checked so far: the same on every rank while they agree
+        # One table, reused by every call (the exchange completes before compare returns): a
+        # record per rank, seen as raw bytes for MPI and for the all-equal fast path.
+        self.table = numpy.zeros(ring.size, RECORD)
+        self._rows = self.table.view(numpy.uint8).reshape(ring.size, -1)
+        self._words = self.table.view(numpy.int64).reshape(ring.size, -1)  # word 0 is seq
+        self._sends, self._receives = _pairs(ring, self._rows)
+
+    def compare(self, call: Call, x: Any = None, op: str | None = None, root: int | None = None) -> None:
+        """Exchange this call's fingerprint with every rank; raise CallMismatchError on a difference.
+
+        `x` is the checked input array (None where the collective has none or this rank cannot
+        know it), `op` and `root` as the call was given them.
+        """
+        self.seq += 1
+        ring, collective = self.ring, call.collective
+        dtype, shape = "", None
+        if x is not None and collective not in _NO_DATA:
+            dtype, shape = x.dtype.str, tuple(x.shape[1:] if collective in _GATHERING else x.shape)
+        self._rows[ring.rank] = _record(
+            collective, call.algorithm, op if collective in _REDUCTIONS else None,
+            root if collective in _ROOTED else None, dtype, shape,
+        )
+        self._words[ring.rank, 0] = self.seq
+        # The check's own messages are not the collective's: keep them out of the traffic counts
+        # (tests and benchmarks compare those with the algorithms' byte counts).
+        traffic = ring.traffic
+        saved = (traffic.bytes_sent, traffic.bytes_received, traffic.messages)
+        checking = Call(collective, f"consistency check before {call.algorithm}", CHECK_TAG, call.timeout)
+        try:
+            run_to_end(ring, _exchange(ring, self._sends, self._receives), checking)
+        finally:
+            traffic.bytes_sent, traffic.bytes_received, traffic.messages = saved
+        records = self.table.tobytes()
+        if records == records[: RECORD.itemsize] * ring.size:
+            return  # the usual case: every record is the same, byte for byte
+        groups = _differences(self.table)
+        if groups:
+            raise CallMismatchError(collective, groups, _odd_ranks(groups, ring.size))
+
+
+@functools.lru_cache(maxsize=512)
+def _record(
+    collective: str, algorithm: str, op: str | None, root: int | None, dtype: str, shape: tuple[int, ...] | None
+) -> numpy.ndarray:
+    """A call's record with seq 0, as bytes (calls repeat, so records are cached; seq is set per call)."""
+    record = numpy.zeros(1, RECORD)
+    record["collective"], record["algorithm"], record["op"] = _text(collective), _text(algorithm), _text(op or "")
+    record["root"] = _UNKNOWN if root is None else root
+    record["dtype"] = _text(dtype)
+    record["ndim"] = _UNKNOWN
+    if shape is not None:
+        record["ndim"] = len(shape)
+        record["dims"][0, : min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
+        record["shape_crc"] = zlib.crc32(repr(tuple(int(n) for n in shape)).encode())
+    return record.view(numpy.uint8)
+
+
+def make_checker(ring: Ring, check: bool | None, timeout: float | None) -> Checker | None:
+    """A Checker if any rank of `ring` asks for checks (see `wanted`), else None. Collective.
+
+    Every rank takes part in the agreement, checking or not, so that either all ranks check
+    or none do.
+    """
+    mine = wanted(check)
+    if ring.size == 1:
+        return Checker(ring) if mine else None
+    flags = numpy.zeros(ring.size, numpy.int64)
+    flags[ring.rank] = int(mine)
+    agreeing = Call("Communicator", "consistency check agreement", CHECK_TAG, timeout)
+    traffic = ring.traffic
+    saved = (traffic.bytes_sent, traffic.bytes_received, traffic.messages)
+    try:
+        run_to_end(ring, _exchange(ring, *_pairs(ring, flags.view(numpy.uint8).reshape(ring.size, -1))), agreeing)
+    finally:
+        traffic.bytes_sent, traffic.bytes_received, traffic.messages = saved
+    return Checker(ring) if flags.any() else None
+
+
+def _pairs(ring: Ring, rows: Any) -> tuple[list, list]:
+    """(sends, receives) that give every other rank this rank's row of `rows` and fill theirs."""
+    others = [k for k in range(ring.size) if k != ring.rank]
+    return [(rows[ring.rank], k) for k in others], [(rows[k], k) for k in others]
+
+
+def _exchange(ring: Ring, sends: list, receives: list) -> Steps:
+    """All the rows in one step: every rank sends to and receives from every other rank."""
+    yield ring.post(NUMPY, CHECK_TAG, sends=sends, receives=receives)
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    if len(raw) <= _TEXT:
+        return raw
+    return raw[: _TEXT - 9] + b"~" + f"{zlib.crc32(raw):08x}".encode()
+
+
+def _shape_text(record: Any) -> str:
+    ndim = int(record["ndim"])
+    if ndim == _UNKNOWN:
+        return "unknown"
+    dims = [int(n) for n in record["dims"][: min(ndim, _MAX_DIMS)]]
+    if ndim > _MAX_DIMS:
+        return f"({', '.join(map(str, dims))}, ... {ndim} dims, checksum {int(record['shape_crc']):08x})"
+    return repr(tuple(dims))
+
+
+def _field_values(record: Any) -> dict[str, str]:
+    """The comparable fields of one rank's record, as the text an error shows."""
+    collective = record["collective"].decode()
+    shown = {
+        "collective": collective,
+        "seq": f"call #{int(record['seq'])}",
+        "algorithm": repr(record["algorithm"].decode()),
+    }
+    if collective in _REDUCTIONS:
+        shown["op"] = repr(record["op"].decode())
+    if collective in _ROOTED:
+        shown["root"] = str(int(record["root"]))
+    if record["dtype"]:  # empty where this rank has no data to describe (barrier, scatter)
+        shown["dtype"] = record["dtype"].decode()
+        shown["row shape" if collective in _GATHERING else "shape"] = _shape_text(record)
+    return shown
+
+
+def _differences(table: Any) -> dict[str, dict[str, list[int]]]:
+    """{field: {value: [ranks]}} for every field on which the ranks' records differ."""
+    values = [_field_values(record) for record in table]
+    fields = ["collective", "seq"]
+    if len({v["collective"] for v in values}) == 1:
+        fields += [name for name in ("algorithm", "op", "root", "dtype", "shape", "row shape") if name in values[0]]
+    groups: dict[str, dict[str, list[int]]] = {}
+    for name in fields:
+        by_value: dict[str, list[int]] = {}
+        for rank, shown in enumerate(values):
+            by_value.setdefault(shown.get(name, "none"), []).append(rank)
+        if len(by_value) > 1:
+            groups[name] = by_value
+    if "dtype" in groups:  # dtype.str is exact but terse ("<f4"): show numpy's names
+        groups["dtype"] = {_dtype_name(value): who for value, who in groups["dtype"].items()}
+    return groups
+
+
+def _dtype_name(text: str) -> str:
+    try:
+        return numpy.dtype(text).name
+    except TypeError:
+        return text
+
+
+def _odd_ranks(groups: dict[str, dict[str, list[int]]], size: int) -> list[int]:
+    """The ranks outside the largest group agreeing on every differing field."""
+    key_of = {rank: tuple(_value_of(rank, by_value) for by_value in groups.values()) for rank in range(size)}
+    members: dict[tuple, list[int]] = {}
+    for rank in range(size):
+        members.setdefault(key_of[rank], []).append(rank)
+    reference = max(members.values(), key=lambda who: (len(who), -who[0]))
+    return [rank for rank in range(size) if rank not in reference]
+
+
+def _value_of(rank: int, by_value: dict[str, list[int]]) -> str:
+    for value, who in by_value.items():
+        if rank in who:
+            return value
+    return ""
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"

@@ -1,0 +1,77 @@
+"""The timeout poll in mpiring.ring, without MPI: a fake request shows what happens at the edge
+of the deadline (serial; the MPI behaviour is in tests/test_timeouts.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import mpiring.ring as ring_module
+from mpiring.errors import CollectiveTimeout
+from mpiring.ring import Call, Ring, Step
+
+
+class _Request:
+    """A request that finishes on the `finishes_at`-th Testall."""
+
+    def __init__(self, finishes_at: int | None) -> None:
+        self.finishes_at = finishes_at
+
+    def Get_status(self) -> bool:  # noqa: N802 - mpi4py's name
+        return self.finishes_at is not None and _FakeRequestClass.polls >= self.finishes_at
+
+    def Test(self) -> bool:  # noqa: N802
+        return self.Get_status()
+
+
+class _FakeRequestClass:
+    polls = 0
+
+    @classmethod
+    def Testall(cls, requests, statuses=None) -> bool:  # noqa: N802
+        cls.polls += 1
+        return all(r.finishes_at is not None and cls.polls > r.finishes_at for r in requests)
+
+
+@pytest.fixture
+def fake_mpi(monkeypatch):
+    _FakeRequestClass.polls = 0
+    fake = types.SimpleNamespace(Request=_FakeRequestClass, Status=object, Exception=RuntimeError)
+    monkeypatch.setattr(ring_module, "MPI", fake)
+    return fake
+
+
+def _step(*requests: _Request) -> Step:
+    step = Step()
+    step.requests = list(requests)
+    step.peers = [("receive from", k + 1) for k in range(len(requests))]
+    return step
+
+
+def _poll(step: Step, timeout: float) -> None:
+    ring = object.__new__(Ring)  # _poll uses no state of the ring
+    Ring._poll(ring, step, None, Call("allreduce", "ring", 1, timeout))
+
+
+def test_messages_that_arrive_at_the_deadline_are_not_a_timeout(fake_mpi):
+    """The first Testall finds them pending, by the deadline they are in: no timeout."""
+    _poll(_step(_Request(finishes_at=1), _Request(finishes_at=1)), timeout=1e-9)
+
+
+def test_a_timeout_names_only_the_requests_still_pending(fake_mpi):
+    with pytest.raises(CollectiveTimeout) as caught:
+        _poll(_step(_Request(finishes_at=1), _Request(finishes_at=None)), timeout=1e-9)
+    assert caught.value.waiting_on == ["receive from rank 2"]
+    assert str(caught.value) == ("allreduce (ring) timed out after 1e-09 s in step 0, "
+                                 "still waiting to receive from rank 2")
+
+
+def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):
+    """Between polls it sleeps, the pause doubling from 10 us to 1 ms (cores stay free)."""
+    pauses = []
+    monkeypatch.setattr(ring_module.time, "sleep", pauses.append)
+    with pytest.raises(CollectiveTimeout):
+        _poll(_step(_Request(finishes_at=None)), timeout=0.01)
+    assert pauses[:4] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5])
+    assert max(pauses) <= 1e-3
