@@ -116,6 +116,8 @@ class Ring:
         self.traffic = Traffic()
         self._calls = 0
         self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
+        # nonblocking collectives not yet done: every wait advances them all (see wait_step)
+        self.in_flight: list[CollectiveRequest] = []
 
     @contextmanager
     def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Iterator[Any]:
@@ -213,22 +215,50 @@ class Ring:
             self._finish(step, statuses, call)
         return done
 
+    def wait_step(self, step: Step, call: Call, waiting: CollectiveRequest | None = None) -> None:
+        """Complete `step` while advancing every other nonblocking collective in flight.
+
+        Ranks may wait for their requests in different orders (as MPI allows): a rank stuck in
+        one collective must still post the next steps of the others, or the ranks would wait
+        for each other for ever. With nothing else in flight this is just `complete`.
+        """
+        if not any(request is not waiting for request in self.in_flight):
+            self.complete(step, call)
+            return
+        deadline = None if call.timeout is None else time.monotonic() + call.timeout
+        pause = 0.0
+        while not self.is_complete(step, call):
+            for request in [r for r in self.in_flight if r is not waiting]:
+                request.test()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self._raise_timeout(step, call)
+            if pause:
+                time.sleep(pause)
+            pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
+
     def _poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
         deadline = time.monotonic() + call.timeout
         pause = 0.0
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
             if now >= deadline:
-                # Get_status only looks: Test would free a request that finished since Testall,
-                # losing its status, and could leave nobody to name when the last ones just arrived.
-                pending = zip(step.requests, step.peers, strict=True)
-                waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Get_status()]
-                if waiting:
-                    raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+                self._raise_timeout(step, call)
                 continue  # all arrived at the deadline: the next Testall completes the step
             if pause:
                 time.sleep(min(pause, deadline - now))
             pause = min(max(pause * 2, 1e-5), 1e-3)  # spin once, then 10 us doubling to 1 ms
+
+    def _raise_timeout(self, step: Step, call: Call) -> None:
+        """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
+
+        Get_status only looks: Test would free a request that finished since the last check,
+        losing its status, and could leave nobody to name when the last ones just arrived.
+        """
+        pending = zip(step.requests, step.peers, strict=True)
+        waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Get_status()]
+        if waiting:
+            raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
 
     def _drive(self, step: Step, call: Call) -> None:
         """Push a staged step along until it is done. It spins, since the device copies it waits
@@ -275,7 +305,7 @@ def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
     try:
         step = next(steps)
         while True:
-            ring.complete(step, call)
+            ring.wait_step(step, call)
             step = steps.send(None)
     except StopIteration as finished:
         return finished.value
@@ -284,7 +314,8 @@ def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
 class CollectiveRequest:
     """A collective in flight. It advances only inside test() and wait(): no helper thread.
 
-    Several may be in flight at once on one communicator: each call has its own tag.
+    Several may be in flight at once on one communicator (each call has its own tag), and may be
+    waited for in any order on any rank: while one waits, the others in flight advance too.
     """
 
     def __init__(self, ring: Ring, steps: Steps, call: Call) -> None:
@@ -295,12 +326,16 @@ class CollectiveRequest:
         self._result: Any = None
         self._step: Step | None = None
         self._advance()
+        if not self._done:
+            ring.in_flight.append(self)
 
     def _advance(self) -> None:
         try:
             self._step = next(self._steps)
         except StopIteration as finished:
             self._done, self._result, self._step = True, finished.value, None
+            if self in self._ring.in_flight:
+                self._ring.in_flight.remove(self)
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True once the collective is done."""
@@ -311,7 +346,7 @@ class CollectiveRequest:
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
         while not self._done:
-            self._ring.complete(self._step, self._call)
+            self._ring.wait_step(self._step, self._call, self)
             self._advance()
         return self._result
 

@@ -108,9 +108,8 @@ ROWS: list[Row] = [
         "call), but the others' second broadcast raises `CollectiveTimeout` in the check, naming the skipping "
         "rank: the job does not end silently", min_ranks=2),
     Row("nonblocking-order", f"two nonblocking collectives `wait()`ed in different orders on different ranks "
-        f"({T})", "**known limitation**: `wait()` advances only its own collective, so the ranks wait for each "
-        "other: `CollectiveTimeout` (a hang without a timeout). Ranks that finish have the right results. Wait in "
-        "the same order everywhere, or poll `test()` on all requests", min_ranks=2),
+        f"({T})", "both complete with the right results on every rank: a `wait()` also advances every other "
+        "collective in flight on that communicator, so no rank waits for another's unposted step", min_ranks=2),
     # ---- whole jobs: exit codes and times (launched with mpiexec at 2 and 3 ranks) ----
     Row("raise-mpi4py", "an unhandled exception on one rank, script run as `mpiexec python -m mpi4py script.py`",
         "mpi4py prints the traceback and calls `MPI_Abort`: the job ends with exit 1 within 30 s (~1 s)",

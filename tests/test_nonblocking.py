@@ -58,6 +58,20 @@ def test_many_in_flight_completed_in_any_order(comm, order):
         _check(*started[i], f"request {i} ({order})")
 
 
+@pytest.mark.skipif(N < 2, reason="needs ranks that wait in different orders")
+def test_waiting_in_different_orders_on_different_ranks(comm):
+    """Rank 0 waits for its requests last to first, the others first to last (as MPI allows).
+    A wait() advances every collective in flight, so neither side is left waiting for a step the
+    other has not posted (multi-step rings, large enough to leave the eager range)."""
+    arrays = [all_inputs(s, N, 50_000, np.float64) for s in range(3)]
+    requests = [comm.iallreduce(a[RANK], algorithm="ring", timeout=60) for a in arrays]
+    order = [2, 1, 0] if RANK == 0 else [0, 1, 2]
+    for i in order:
+        assert_same(requests[i].wait(), numpy_reduce("sum", arrays[i]), f"request {i}")
+    blocking = comm.allgather(np.array([RANK]))  # a blocking call with nothing in flight
+    assert_same(blocking, np.arange(N), "allgather after")
+
+
 def test_test_polls_to_completion(comm):
     started = _start_all(comm, seed=3)
     deadline = time.monotonic() + 60
