@@ -74,3 +74,31 @@ def assert_same(got, want, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
     equal_nan = want.dtype.kind in "fc"
     assert np.array_equal(got, want, equal_nan=equal_nan), f"{what}: values differ\n got {got}\nwant {want}"
+
+
+def native_reduction(collective: str, x: np.ndarray, op: str, root: int = 0) -> np.ndarray | None:
+    """MPI's own result for this rank of allreduce, reduce or reduce_scatter over COMM_WORLD
+    (reduce_scatter splits axis 0 as numpy.array_split does), or None where MPI has no oracle
+    for this dtype and op, and on non-root ranks of a reduce."""
+    if not native_supported(x.dtype, op):
+        return None
+    world = MPI.COMM_WORLD
+    size, rank = world.Get_size(), world.Get_rank()
+    x = np.ascontiguousarray(x)
+    if collective == "reduce_scatter":
+        row = x[:1].size if len(x) else int(np.prod(x.shape[1:]))
+        counts = [len(part) * row for part in np.array_split(np.empty(x.shape[0]), size)]
+        result = np.empty(counts[rank], x.dtype)
+        world.Reduce_scatter(x, result, counts, NATIVE_OPS[op])
+        result = result.reshape(-1, *x.shape[1:])
+    else:
+        result = np.empty_like(x)
+        if collective == "allreduce":
+            world.Allreduce(x, result, NATIVE_OPS[op])
+        else:
+            world.Reduce(x, result, NATIVE_OPS[op], root=root)
+            if rank != root:
+                return None
+    if op == "avg":
+        result = np.true_divide(result, size).astype(x.dtype)
+    return result

@@ -8,11 +8,10 @@ import pytest
 from mpi4py import MPI
 from oracles import (
     DTYPES,
-    NATIVE_OPS,
     OPS,
     all_inputs,
     assert_same,
-    native_supported,
+    native_reduction,
     numpy_reduce,
     op_valid,
     rank_input,
@@ -42,23 +41,6 @@ def _case_id(case) -> str:
     return f"{dtype.name}-{op}"
 
 
-def _native_reduce(kind, x, op, root=0):
-    """The native MPI result, or None where MPI has no oracle for this dtype/op."""
-    if not native_supported(x.dtype, op):
-        return None
-    x = np.ascontiguousarray(x)
-    result = np.empty_like(x)
-    if kind == "allreduce":
-        WORLD.Allreduce(x, result, NATIVE_OPS[op])
-    else:
-        WORLD.Reduce(x, result, NATIVE_OPS[op], root=root)
-        if RANK != root:
-            return None
-    if op == "avg":
-        result = np.true_divide(result, N).astype(x.dtype)
-    return result
-
-
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
 @algorithms('allreduce')
 def test_allreduce(comm, case, algorithm):
@@ -67,7 +49,7 @@ def test_allreduce(comm, case, algorithm):
         inputs = all_inputs(seed, N, length, dtype, op)
         got = comm.allreduce(inputs[RANK], op=op, algorithm=algorithm)
         assert_same(got, numpy_reduce(op, inputs), f"allreduce {algorithm} {op} {dtype} len {length} vs numpy")
-        native = _native_reduce("allreduce", inputs[RANK], op)
+        native = native_reduction("allreduce", inputs[RANK], op)
         if native is not None:
             assert_same(got, native, f"allreduce {op} {dtype} len {length} vs MPI")
 
@@ -84,7 +66,7 @@ def test_reduce(comm, case, algorithm):
                 assert got is None
             else:
                 assert_same(got, numpy_reduce(op, inputs), f"reduce {op} {dtype} len {length} root {root}")
-            native = _native_reduce("reduce", inputs[RANK], op, root)
+            native = native_reduction("reduce", inputs[RANK], op, root)
             if native is not None:
                 assert_same(got, native, f"reduce {op} {dtype} len {length} root {root} vs MPI")
 
@@ -98,13 +80,9 @@ def test_reduce_scatter(comm, case, algorithm):
         got = comm.reduce_scatter(inputs[RANK], op=op, algorithm=algorithm)
         want = np.array_split(numpy_reduce(op, inputs), N)[RANK]
         assert_same(got, want, f"reduce_scatter {op} {dtype} rows {rows}")
-        if native_supported(dtype, op):
-            counts = [len(part) * 2 for part in np.array_split(np.empty(rows), N)]
-            native = np.empty(counts[RANK], dtype)
-            WORLD.Reduce_scatter(inputs[RANK], native, counts, NATIVE_OPS[op])
-            if op == "avg":
-                native = np.true_divide(native, N).astype(dtype)
-            assert_same(got.reshape(-1), native, f"reduce_scatter {op} {dtype} rows {rows} vs MPI")
+        native = native_reduction("reduce_scatter", inputs[RANK], op)
+        if native is not None:
+            assert_same(got, native, f"reduce_scatter {op} {dtype} rows {rows} vs MPI")
 
 
 def _rows_of(rank: int, seed: int) -> int:

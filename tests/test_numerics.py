@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracles import NATIVE_OPS, numpy_reduce
+from oracles import NATIVE_OPS, native_reduction, numpy_reduce
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
@@ -117,28 +117,6 @@ def assert_exact(got: np.ndarray, want: np.ndarray, what: str, zero_sign: bool =
                 assert np.array_equal(np.signbit(g[ok]), np.signbit(w[ok])), f"{what}: sign of zero differs"
 
 
-def _native(collective: str, x: np.ndarray, op: str, root: int) -> np.ndarray | None:
-    """MPI's own result for this rank, or None where MPI has no oracle (float16, bool)."""
-    if x.dtype in (np.float16, np.bool_):
-        return None
-    if collective == "reduce_scatter":
-        bounds = split_bounds(x.shape[0], N)
-        counts = [bounds[k + 1] - bounds[k] for k in range(N)]
-        result = np.empty(counts[RANK], x.dtype)
-        WORLD.Reduce_scatter(x, result, counts, NATIVE_OPS[op])
-    else:
-        result = np.empty_like(x)
-        if collective == "allreduce":
-            WORLD.Allreduce(x, result, NATIVE_OPS[op])
-        else:
-            WORLD.Reduce(x, result, NATIVE_OPS[op], root=root)
-            if RANK != root:
-                return None
-    if op == "avg":
-        result = np.true_divide(result, N).astype(x.dtype)
-    return result
-
-
 def _mine(collective: str, whole: np.ndarray) -> np.ndarray:
     """This rank's part of a full-length result (reduce_scatter keeps part RANK)."""
     if collective != "reduce_scatter":
@@ -164,7 +142,7 @@ def test_nan_inf_and_signed_zeros_propagate_as_in_numpy_and_mpi(comm, collective
     root = N - 1
     # see the module docstring: zero signs of min/max, and of complex products, hang on the order
     exact_zeros = op not in ("min", "max") and not (dtype.kind == "c" and op == "prod")
-    native = _native(collective, inputs[RANK], op, root)  # collective: on every rank
+    native = native_reduction(collective, inputs[RANK], op, root)  # collective: on every rank
     for algorithm in _algorithms(collective):
         what = f"{collective} {op} {dtype} ({algorithm})"
         got = _run(comm, collective, inputs[RANK], op, root, algorithm)
@@ -207,7 +185,7 @@ def test_integer_overflow_wraps_as_in_numpy_and_mpi(comm, collective, dtype):
     for op in ("sum", "prod", "min", "max"):
         want = _mine(collective, numpy_reduce(op, inputs))
         root = 0
-        native = _native(collective, inputs[RANK], op, root)
+        native = native_reduction(collective, inputs[RANK], op, root)
         for algorithm in _algorithms(collective):
             got = _run(comm, collective, inputs[RANK], op, root, algorithm)
             if collective == "reduce" and RANK != root:
