@@ -3,7 +3,8 @@
 One module per algorithm (MPICH's layout); each module's docstring gives its steps, a diagram,
 the bytes each rank moves and its alpha-beta-gamma cost. The rings are the bandwidth-optimal
 choice for large messages; the trees, halving/doubling and Bruck are latency-optimal for small
-ones. mpiring.selection decides between them for algorithm="auto".
+ones. mpiring.selection decides between them for algorithm="auto". A ring module's `*_steps`
+generator is both its registered algorithm and the building block other algorithms reuse.
 """
 
 from __future__ import annotations
@@ -11,35 +12,35 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mpiring.algorithms.allgather_bruck import allgather_bruck
-from mpiring.algorithms.allgather_ring import allgather_ring
+from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
-from mpiring.algorithms.broadcast_ring import broadcast_ring
+from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.algorithms.gather_binomial import gather_binomial
-from mpiring.algorithms.gather_ring import gather_ring
+from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
-from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_ring
+from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.algorithms.scatter_binomial import scatter_binomial
-from mpiring.algorithms.scatter_ring import scatter_ring
+from mpiring.algorithms.scatter_ring import scatter_steps
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
-    "broadcast": {"ring": broadcast_ring, "binomial": broadcast_binomial},
+    "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial},
     "reduce": {"ring": reduce_ring, "binomial": reduce_binomial},
     "allreduce": {
         "ring": allreduce_ring,
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
     },
-    "gather": {"ring": gather_ring, "binomial": gather_binomial},
-    "allgather": {"ring": allgather_ring, "bruck": allgather_bruck},
-    "scatter": {"ring": scatter_ring, "binomial": scatter_binomial},
-    "reduce_scatter": {"ring": reduce_scatter_ring, "recursive_halving": reduce_scatter_recursive_halving},
+    "gather": {"ring": gather_steps, "binomial": gather_binomial},
+    "allgather": {"ring": allgather_steps, "bruck": allgather_bruck},
+    "scatter": {"ring": scatter_steps, "binomial": scatter_binomial},
+    "reduce_scatter": {"ring": reduce_scatter_steps, "recursive_halving": reduce_scatter_recursive_halving},
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
 }
 

@@ -32,8 +32,3 @@ def allgather_steps(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bound
             sends=[(buf[bounds[give] : bounds[give + 1]], ring.right)],
             receives=[(buf[bounds[take] : bounds[take + 1]], ring.left)],
         )
-
-
-def allgather_ring(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int]) -> Steps:
-    """The allgather collective's ring algorithm (see the module docstring)."""
-    yield from allgather_steps(ring, backend, tag, buf, bounds)

@@ -27,12 +27,12 @@ def allreduce_rabenseifner(ring: Ring, backend: NumpyBackend, tag: int, src: Any
     if out is not src:
         backend.copy(out, src)
     fold = Fold(ring.rank, ring.size)
+    vbounds = split_bounds(out.size, fold.p2)
     with ring.scratch(backend, out.size, out.dtype) as scratch:
         yield from fold_in(ring, backend, tag, fold, out, scratch, op)
         if not fold.sits_out:
-            yield from halving_steps(ring, backend, tag, fold, out, scratch, split_bounds(out.size, fold.p2), op)
+            yield from halving_steps(ring, backend, tag, fold, out, scratch, vbounds, op)
     if not fold.sits_out:
-        vbounds = split_bounds(out.size, fold.p2)
         me = fold.virtual
         backend.finish(op, out[vbounds[me] : vbounds[me + 1]], ring.size)
         lo, hi = me, me + 1  # the window of reduced segments held, doubling each round

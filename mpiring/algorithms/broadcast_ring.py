@@ -53,8 +53,3 @@ def broadcast_steps(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf:
         if q > 0 and 0 <= i < segments:
             receives.append((buf[seg[i] : seg[i + 1]], ring.left))
         yield ring.post(backend, tag, sends=sends, receives=receives)
-
-
-def broadcast_ring(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any) -> Steps:
-    """The broadcast collective's ring algorithm (see the module docstring)."""
-    yield from broadcast_steps(ring, backend, tag, root, buf)

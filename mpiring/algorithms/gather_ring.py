@@ -68,10 +68,3 @@ def gather_steps(
             yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=receives)
             if receives:
                 outgoing = receives[0][0]
-
-
-def gather_ring(
-    ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
-) -> Steps:
-    """The gather collective's ring algorithm (see the module docstring)."""
-    yield from gather_steps(ring, backend, tag, root, own, out, bounds)

@@ -55,10 +55,3 @@ def reduce_scatter_steps(
             backend.combine(op, src[lo:hi], incoming, target)
             outgoing = incoming
     backend.finish(op, result, p)
-
-
-def reduce_scatter_ring(
-    ring: Ring, backend: NumpyBackend, tag: int, src: Any, bounds: list[int], op: str, result: Any
-) -> Steps:
-    """The reduce_scatter collective's ring algorithm (see the module docstring)."""
-    yield from reduce_scatter_steps(ring, backend, tag, src, bounds, op, result)

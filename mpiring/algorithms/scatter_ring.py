@@ -47,10 +47,3 @@ def scatter_steps(
             sends = [(outgoing, ring.right)] if outgoing is not None else []
             yield ring.post(backend, tag, sends=sends, receives=[(incoming, ring.left)])
             outgoing = incoming
-
-
-def scatter_ring(
-    ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, mine: Any, bounds: list[int]
-) -> Steps:
-    """The scatter collective's ring algorithm (see the module docstring)."""
-    yield from scatter_steps(ring, backend, tag, root, src, mine, bounds)
