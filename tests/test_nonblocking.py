@@ -11,6 +11,7 @@ from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
+from mpiring.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.mpi
 
@@ -93,7 +94,7 @@ def test_result_before_completion_is_an_error(comm):
     assert_same(request.wait(), np.full(4, float(N)), "allreduce after wait")
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["allreduce"]))
 def test_iallreduce_every_algorithm_overlapping(comm, algorithm):
     arrays = [all_inputs(s, N, 1000 + s, np.float32) for s in range(4)]
     requests = [comm.iallreduce(a[RANK], algorithm=algorithm) for a in arrays]

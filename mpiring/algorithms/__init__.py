@@ -16,6 +16,7 @@ from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
+from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
@@ -26,6 +27,7 @@ from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
+from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_scatter_steps
 from mpiring.algorithms.scatter_binomial import scatter_binomial
 from mpiring.algorithms.scatter_ring import scatter_steps
 
@@ -34,13 +36,18 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "reduce": {"ring": reduce_ring, "binomial": reduce_binomial},
     "allreduce": {
         "ring": allreduce_ring,
+        "ring_pipelined": allreduce_ring_pipelined,
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial},
     "allgather": {"ring": allgather_steps, "bruck": allgather_bruck},
     "scatter": {"ring": scatter_steps, "binomial": scatter_binomial},
-    "reduce_scatter": {"ring": reduce_scatter_steps, "recursive_halving": reduce_scatter_recursive_halving},
+    "reduce_scatter": {
+        "ring": reduce_scatter_steps,
+        "ring_pipelined": pipelined_reduce_scatter_steps,
+        "recursive_halving": reduce_scatter_recursive_halving,
+    },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
 }
 
