@@ -29,8 +29,9 @@ from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Step, Steps
 
-# Measured with `mpiring-bench -c allreduce -a ring_pipelined` (docs/algorithms.md); smaller
-# segments pay more per-message cost than they win in cache locality on shared memory.
+# Large enough that a segment's message cost stays small next to its transfer, small enough to
+# pipeline chunks of a few MiB. 256 KiB measured slower here (docs/algorithms.md); re-measure
+# on the network that uses this algorithm.
 SEGMENT_BYTES = 1 << 20
 
 
