@@ -569,6 +569,23 @@ def test_collectives_on_the_staged_path(on_fake_device, algorithm):
 
 
 @pytest.mark.mpi
+def test_pipelined_ring_on_the_staged_path(on_fake_device, monkeypatch):
+    """Staged buffers already move in overlapping segments: ring_pipelined runs the plain ring there."""
+    from mpiring.algorithms import reduce_scatter_ring_pipelined
+
+    monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 8)
+    comm, _ = on_fake_device
+    for seed, length in enumerate([0, N + 1, 333]):
+        inputs = all_inputs(seed, N, length, np.float32)
+        got = comm.allreduce(to_device(inputs[RANK]), algorithm="ring_pipelined")
+        assert_same(_on_host(got), numpy_reduce("sum", inputs), f"allreduce {length}")
+        rows = all_inputs(seed, N, (length, 3), np.float64)
+        got = comm.reduce_scatter(to_device(rows[RANK]), algorithm="ring_pipelined")
+        assert_same(_on_host(got), np.array_split(numpy_reduce("sum", rows), N)[RANK], f"reduce_scatter {length}")
+    assert all(kind is np.ndarray for kind in comm._ring.comm.buffers), "only host memory reached MPI"
+
+
+@pytest.mark.mpi
 def test_out_in_place_and_nonblocking_on_the_staged_path(on_fake_device):
     comm, backend = on_fake_device
     inputs = all_inputs(4, N, (N + 2, 5), np.float32)
