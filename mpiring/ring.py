@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +100,27 @@ class Call:
 Steps = Generator[Step, None, Any]
 
 
+class Scratch:
+    """The context manager `Ring.scratch` returns (a plain class: small collectives are paid in
+    Python time). On a clean exit a pooled buffer goes back to its pool, the smallest dropped
+    when the pool is full; on an exception (MPI may still write to it) it is left to the GC."""
+
+    __slots__ = ("array", "_raw", "_pool")
+
+    def __init__(self, array: Any, raw: Any = None, pool: list[Any] | None = None) -> None:
+        self.array, self._raw, self._pool = array, raw, pool
+
+    def __enter__(self) -> Any:
+        return self.array
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        pool = self._pool
+        if kind is None and pool is not None:
+            pool.append(self._raw)
+            if len(pool) > _POOL_BUFFERS:
+                del pool[min(range(len(pool)), key=lambda i: pool[i].nbytes)]
+
+
 class Ring:
     """A communicator seen as a ring, with the transport all algorithms use.
 
@@ -119,9 +139,9 @@ class Ring:
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
         self.in_flight: list[CollectiveRequest] = []
 
-    @contextmanager
-    def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Iterator[Any]:
-        """A flat scratch array of `count` elements, reused across calls once it is large.
+    def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
+        """A flat scratch array of `count` elements (`with ring.scratch(...) as buf`), reused
+        across calls once it is large.
 
         Fresh large arrays cost page faults on first touch every call (the allocator hands big
         blocks back to the system), which shows in large collectives. Only a collective that
@@ -129,15 +149,11 @@ class Ring:
         """
         nbytes = count * backend.xp.dtype(dtype).itemsize
         if nbytes < _POOL_FROM_BYTES:
-            yield backend.empty(count, dtype)
-            return
+            return Scratch(backend.empty(count, dtype))
         spare = self._spare.setdefault(backend.name, [])
         fitting = [i for i, buf in enumerate(spare) if buf.nbytes >= nbytes]
         raw = spare.pop(min(fitting, key=lambda i: spare[i].nbytes)) if fitting else backend.empty(nbytes, "uint8")
-        yield raw[:nbytes].view(dtype)
-        spare.append(raw)  # not reached when the collective failed: see the docstring
-        if len(spare) > _POOL_BUFFERS:
-            del spare[min(range(len(spare)), key=lambda i: spare[i].nbytes)]
+        return Scratch(raw[:nbytes].view(dtype), raw, spare)
 
     def position(self, root: int) -> int:
         """Distance from `root` along the ring (root is 0, its right neighbour 1, ...)."""
@@ -222,7 +238,8 @@ class Ring:
         one collective must still post the next steps of the others, or the ranks would wait
         for each other for ever. With nothing else in flight this is just `complete`.
         """
-        if not any(request is not waiting for request in self.in_flight):
+        in_flight = self.in_flight
+        if not in_flight or in_flight == [waiting]:  # nothing else to advance
             self.complete(step, call)
             return
         deadline = None if call.timeout is None else time.monotonic() + call.timeout

@@ -11,7 +11,9 @@ import pytest
 import mpiring
 from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.broadcast_ring import SEGMENT_BYTES, segment_count
-from mpiring.ring import bounds_from_counts, split_bounds
+from mpiring.algorithms.reduce_scatter_ring_pipelined import segments
+from mpiring.backend import NUMPY
+from mpiring.ring import Ring, bounds_from_counts, split_bounds
 
 
 @pytest.mark.parametrize("total", [0, 1, 2, 7, 8, 100, 1001])
@@ -32,6 +34,33 @@ def test_broadcast_segments():
     assert segment_count(10 * SEGMENT_BYTES, 2) == 1  # two ranks: nothing to pipeline
     assert segment_count(SEGMENT_BYTES, 4) == 1
     assert segment_count(SEGMENT_BYTES + 1, 4) == 2
+
+
+def test_pipelined_segments():
+    assert segments(0, 4) == []  # an empty chunk sends nothing
+    assert segments(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert segments(8, 4) == [(0, 4), (4, 8)]
+    assert segments(3, 1) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_scratch_pool_reuses_large_buffers_only_after_a_clean_exit():
+    from mpi4py import MPI
+
+    ring = Ring(MPI.COMM_SELF)
+    with ring.scratch(NUMPY, 10, np.float32) as small:
+        assert small.shape == (10,) and small.dtype == np.float32
+    assert ring._spare.get("numpy", []) == []  # small buffers are not pooled
+    with ring.scratch(NUMPY, 1 << 16, np.float64) as big:
+        first = big.__array_interface__["data"][0]
+    with ring.scratch(NUMPY, 1 << 15, np.float32) as again:  # smaller: the same memory serves
+        assert again.__array_interface__["data"][0] == first and again.shape == (1 << 15,)
+    with pytest.raises(RuntimeError), ring.scratch(NUMPY, 1 << 16, np.float64):
+        raise RuntimeError("the collective failed: MPI may still write to the buffer")
+    assert ring._spare["numpy"] == []  # the failed collective's buffer is not handed out again
+    for size in range(4, 10):  # 64 KiB .. 144 KiB, each too large for the buffers before it
+        with ring.scratch(NUMPY, size << 14, np.uint8):
+            pass
+    assert sorted(buf.nbytes for buf in ring._spare["numpy"]) == [size << 14 for size in (6, 7, 8, 9)]
 
 
 def test_public_surface():
