@@ -62,20 +62,18 @@ def pipelined_reduce_scatter_steps(
     largest = max(bounds[c + 1] - bounds[c] for c in range(p))
 
     def chunk(step: int) -> int:  # the chunk whose partial arrives from the left in `step`
-        return (r - step - 2) % p
+        return (r - step - 2) % p  # (step -1: the chunk this rank sends first, its own data)
+
+    def segments_of(c: int) -> list[tuple[int, int]]:
+        return segments(bounds[c + 1] - bounds[c], size)
 
     # every message, in the order the left neighbour sends it: (step, segment index, lo, hi)
-    schedule = [
-        (step, j, lo, hi)
-        for step in range(p - 1)
-        for j, (lo, hi) in enumerate(segments(bounds[chunk(step) + 1] - bounds[chunk(step)], size))
-    ]
+    schedule = [(step, j, lo, hi) for step in range(p - 1) for j, (lo, hi) in enumerate(segments_of(chunk(step)))]
     with ring.scratch(backend, 2 * largest, src.dtype) as scratch:
         halves = (scratch[:largest], scratch[largest:])
-        own = bounds[(r - 1) % p]  # step 0 sends this rank's own data of chunk r-1
+        own = bounds[chunk(-1)]
         sends = [
-            ring.post(backend, tag, sends=[(src[own + lo : own + hi], ring.right)])
-            for lo, hi in segments(bounds[(r - 1) % p + 1] - own, size)
+            ring.post(backend, tag, sends=[(src[own + lo : own + hi], ring.right)]) for lo, hi in segments_of(chunk(-1))
         ]
         reading: dict[tuple[int, int], Step] = {}  # scratch slot -> the send still reading it
         arrivals: list[Step] = []
