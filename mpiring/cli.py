@@ -48,7 +48,7 @@ def _gpu_facts() -> tuple[Any | None, list[str]]:
     """CuPy (when it is installed and finds a GPU), and lines on CuPy, the GPUs and CUDA-aware MPI."""
     from mpiring.cuda_detection import cuda_awareness
     from mpiring.errors import ArgumentError
-    from mpiring.gpu import path_for
+    from mpiring.gpu import ipc_enabled, path_for
 
     lines, cupy = [], None
     try:
@@ -65,8 +65,9 @@ def _gpu_facts() -> tuple[Any | None, list[str]]:
         lines.append("cupy: not installed (pip install 'mpiring[gpu]' for CuPy device buffers)")
     try:
         awareness = cuda_awareness()
+        ipc = "the ipc path within one node, else " if ipc_enabled(awareness) else ""
         lines.append(f"CUDA-aware MPI: {'yes' if awareness.aware else 'no'} ({awareness.how}); "
-                     f"device buffers take the {path_for(awareness)} path")
+                     f"device buffers take {ipc}the {path_for(awareness)} path")
     except ArgumentError as error:
         lines.append(f"CUDA-aware MPI: {error}")
     return cupy, lines

@@ -51,6 +51,7 @@ class Communicator:
         self.timeout = check_timeout("Communicator", timeout)
         self._mpi = base
         self._ring = Ring(base.Dup())
+        self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
 
     @property
@@ -252,3 +253,14 @@ def _env_timeout() -> float:
         return float(text)
     except ValueError:
         raise ArgumentError("Communicator", "MPIRING_TIMEOUT", f"must be a number of seconds, got {text!r}") from None
+
+
+def _all_on_one_node(comm: MPI.Intracomm) -> bool:
+    """Collective: whether every rank of `comm` shares one node (and so may use CUDA IPC)."""
+    if comm.Get_size() == 1:
+        return True
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return shared.Get_size() == comm.Get_size()
+    finally:
+        shared.Free()

@@ -50,8 +50,9 @@ class CudaAwareness:
         return self.aware
 
 
-def parse_override(text: str | None) -> bool | None:
-    """The value of MPIRING_CUDA_AWARE: True, False, or None when unset or empty.
+def parse_override(text: str | None, variable: str = ENV) -> bool | None:
+    """The value of a yes/no environment variable (MPIRING_CUDA_AWARE by default): True, False,
+    or None when unset or empty.
 
     Raises ArgumentError for anything else, rather than guessing which memory MPI may touch.
     """
@@ -62,7 +63,8 @@ def parse_override(text: str | None) -> bool | None:
         return True
     if word in _FALSE:
         return False
-    raise ArgumentError("cuda_aware", ENV, f"must be 0 or 1 (or true/false, yes/no, on/off), got {text!r}")
+    raise ArgumentError("cuda_aware" if variable == ENV else "device path", variable,
+                        f"must be 0 or 1 (or true/false, yes/no, on/off), got {text!r}")
 
 
 _library_answer: CudaAwareness | None = None  # the library cannot change its mind: ask it once

@@ -134,6 +134,8 @@ class Ring:
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
         self.traffic = Traffic()
+        # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
+        self.node_local = False
         self._calls = 0
         self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
@@ -177,7 +179,8 @@ class Ring:
         """Post nonblocking receives into and sends from flat contiguous buffers.
 
         Receives are posted first so a matching send never waits on an unposted receive.
-        A staged backend (device buffers, MPI not CUDA-aware) posts the step itself.
+        A backend that moves device buffers itself (`staged`: the staged and IPC paths) posts the
+        step itself.
         """
         if backend.staged:
             return backend.post_staged(self, tag, sends, receives)

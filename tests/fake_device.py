@@ -9,6 +9,10 @@
   stream is made to wait for it. A pipeline that posts a send before its copy finished sends
   stale bytes, and one that reduces before its receive was copied in reduces stale data: both
   show up as wrong results, not just as a broken log.
+- `FakeIpcEngine`: the IPC path's engine over POSIX shared memory, which other ranks (processes)
+  really open by name, as CUDA IPC opens a handle; its device-to-device copies are as late as the
+  staged ones, so a descriptor sent before its copy finished, or a reduction before the copy in
+  landed, gives wrong results.
 - `fake_xp(log)`: the array module for FakeDeviceArray; every kernel is logged, so tests can
   check that the stream was synchronized between a kernel and MPI reading its output.
 """
@@ -16,13 +20,15 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+from multiprocessing import resource_tracker, shared_memory
 from types import SimpleNamespace
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
-from mpiring.gpu.backend import CupyBackend, StagedCupyBackend
+from mpiring.gpu.backend import CupyBackend, IpcCupyBackend, StagedCupyBackend
 from mpiring.gpu.staging import PinnedPool
 
 
@@ -136,6 +142,81 @@ class FakeEngine:
         self.log.append(("sync",))
 
 
+class SharedBlock:
+    """A block of shared memory posing as an IPC-exportable device block."""
+
+    _serials = itertools.count(1)
+
+    def __init__(self, nbytes: int) -> None:
+        self.memory = shared_memory.SharedMemory(create=True, size=nbytes)
+        self.nbytes = nbytes
+        self.array = numpy.ndarray(nbytes, numpy.uint8, self.memory.buf)
+        self.array[:] = 0xEE  # junk, so a missed copy is visible
+        self.handle = self.memory.name.encode().ljust(64, b"\0")
+        self.serial = next(self._serials)
+
+    def close(self) -> None:
+        del self.array
+        self.memory.close()
+        self.memory.unlink()
+
+
+class FakeIpcEngine(FakeEngine):
+    """The IPC path's engine on shared memory (see module docstring). `opens` counts handles opened."""
+
+    def __init__(self, log: list, delay: int = 2) -> None:
+        super().__init__(log, delay)
+        self.blocks: list[SharedBlock] = []
+        self._opened: dict[bytes, tuple[int, Any, numpy.ndarray]] = {}
+        self.opens = 0
+
+    def ipc_block(self, nbytes: int) -> SharedBlock:
+        block = SharedBlock(nbytes)
+        self.blocks.append(block)
+        return block
+
+    def open_peer(self, handle: bytes, serial: int) -> numpy.ndarray:
+        known = self._opened.get(handle)
+        if known is not None and known[0] == serial:
+            return known[2]
+        memory = shared_memory.SharedMemory(name=handle.rstrip(b"\0").decode())
+        resource_tracker.unregister(memory._name, "shared_memory")  # the exporter unlinks it, not us
+        view = numpy.ndarray(memory.size, numpy.uint8, memory.buf)
+        self._opened[handle] = (serial, memory, view)
+        self.opens += 1
+        return view
+
+    def to_block(self, block: SharedBlock, device: Any, nbytes: int) -> _Fence:
+        source = numpy.asarray(device).view(numpy.uint8)
+
+        def copy() -> None:
+            block.array[:nbytes] = source[:nbytes]
+
+        self.log.append(("to_block", nbytes))
+        return _Fence(self.delay, copy)
+
+    def from_peer(self, device: Any, peer: numpy.ndarray, nbytes: int) -> _Fence:
+        target = numpy.asarray(device).view(numpy.uint8)
+
+        def copy() -> None:
+            target[:nbytes] = peer[:nbytes]
+
+        self.log.append(("from_peer", nbytes))
+        fence = _Fence(self.delay, copy)
+        self._pending_h2d.append(fence)  # the compute stream's wait lands it, as on the staged path
+        return fence
+
+    def close(self) -> None:
+        memories = [memory for _, memory, _ in self._opened.values()]
+        self._opened.clear()  # drops the views first: a mapping with views alive cannot close
+        for memory in memories:
+            with contextlib.suppress(BufferError):
+                memory.close()
+        for block in self.blocks:
+            block.close()
+        self.blocks.clear()
+
+
 class RecordingComm:
     """An mpi4py communicator that records every buffer handed to MPI, and refuses device memory
     unless `device_ok` (the CUDA-aware case)."""
@@ -176,3 +257,49 @@ def staged_backend(log: list, delay: int = 2, segment_bytes: int = 64) -> Staged
 def direct_backend(log: list) -> CupyBackend:
     """A direct-path (CUDA-aware) backend over fake device memory."""
     return CupyBackend(fake_xp(log), contextlib.nullcontext(), FakeEngine(log))
+
+
+def ipc_backend(log: list, delay: int = 2) -> IpcCupyBackend:
+    """An IPC backend over fake device memory; its fallback (other nodes) is the staged backend."""
+    engine = FakeIpcEngine(log, delay)
+    return IpcCupyBackend(fake_xp(log), contextlib.nullcontext(), engine, staged_backend(log, delay))
+
+
+def on_host(x: Any) -> numpy.ndarray:
+    assert isinstance(x, FakeDeviceArray), f"result is {type(x).__name__}, not a device array"
+    return numpy.asarray(x)
+
+
+def check_collectives_on_fake_device(comm: Any, algorithm: str | None) -> None:
+    """Every collective on fake device buffers against NumPy oracles (lengths 0 to 333, five
+    dtype/op pairs, roots off 0), and only host memory handed to MPI (comm's RecordingComm)."""
+    from oracles import all_inputs, assert_same, numpy_reduce
+
+    n, rank = comm.size, comm.rank
+    for seed, length in enumerate([0, 1, n + 1, 333]):
+        for dtype, op in ((numpy.float32, "sum"), (numpy.int64, "prod"), (numpy.float16, "max"),
+                          (numpy.complex128, "avg"), (numpy.bool_, "min")):
+            inputs = all_inputs(seed, n, length, dtype, op)
+            got = comm.allreduce(to_device(inputs[rank]), op=op, algorithm=algorithm)
+            assert_same(on_host(got), numpy_reduce(op, inputs), f"allreduce {op} {numpy.dtype(dtype)} {length}")
+            got = comm.reduce(to_device(inputs[rank]), op=op, root=n - 1, algorithm=algorithm)
+            if rank == n - 1:
+                assert_same(on_host(got), numpy_reduce(op, inputs), f"reduce {op} {length}")
+        rows = all_inputs(seed, n, (length, 3), numpy.float64)
+        got = comm.reduce_scatter(to_device(rows[rank]), algorithm=algorithm)
+        assert_same(on_host(got), numpy.array_split(numpy_reduce("sum", rows), n)[rank], f"reduce_scatter {length}")
+        assert_same(on_host(comm.allgather(to_device(rows[rank]), algorithm=algorithm)), numpy.concatenate(rows),
+                    f"allgather {length}")
+        got = comm.gather(to_device(rows[rank]), root=0, algorithm=algorithm)
+        if rank == 0:
+            assert_same(on_host(got), numpy.concatenate(rows), f"gather {length}")
+        root = n // 2
+        got = comm.broadcast(to_device(rows[root] if rank == root else numpy.zeros_like(rows[root])), root=root,
+                             algorithm=algorithm)
+        assert_same(on_host(got), rows[root], f"broadcast {length}")
+        part = numpy.array_split(rows[root], n)[rank]
+        out = to_device(numpy.zeros_like(part))
+        got = comm.scatter(to_device(rows[root]) if rank == root else None, root=root, out=out, algorithm=algorithm)
+        assert got is out
+        assert_same(on_host(got), part, f"scatter {length}")
+    assert all(kind is numpy.ndarray for kind in comm._ring.comm.buffers), "only host memory reached MPI"

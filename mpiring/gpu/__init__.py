@@ -5,7 +5,12 @@ recognises one by its type, without importing CuPy), so host-only users never pa
 
     path      when                                    what MPI sees
     direct    cuda_aware() is True                    device buffers (after a stream sync)
+    ipc       otherwise, on a communicator whose      descriptors only: payloads go device to
+              ranks share one node                    device by CUDA IPC (mpiring.gpu.ipc)
     staged    otherwise (every PyPI MPI wheel)        pinned host segments, copies overlapped
+
+MPIRING_GPU_IPC=1 puts IPC first (before direct), =0 turns it off. Direct comes first by default
+because it measured faster at large messages on an H100 (docs/gpu.md).
 
 MPIRING_DEBUG=1 says once per device and path which path device buffers take, and why.
 """
@@ -16,12 +21,21 @@ import os
 import sys
 from typing import Any
 
-from mpiring.cuda_detection import CudaAwareness, cuda_aware, cuda_awareness
+from mpiring.cuda_detection import CudaAwareness, cuda_aware, cuda_awareness, parse_override
 from mpiring.gpu.binding import bind_device
 
-__all__ = ["bind_device", "cuda_aware", "cuda_awareness", "device_backend", "path_for"]
+__all__ = ["bind_device", "cuda_aware", "cuda_awareness", "device_backend", "ipc_enabled", "path_for"]
 
-_backends: dict[tuple[int, str], Any] = {}
+IPC_ENV = "MPIRING_GPU_IPC"
+
+_backends: dict[tuple[int, str, bool], Any] = {}
+
+
+def ipc_enabled(awareness: CudaAwareness) -> bool:
+    """Whether node-local communicators move device buffers by CUDA IPC: MPIRING_GPU_IPC=1 or 0,
+    else only where MPI is not CUDA-aware (the direct path measured faster)."""
+    override = parse_override(os.environ.get(IPC_ENV), IPC_ENV)
+    return not awareness.aware if override is None else override
 
 
 def path_for(awareness: CudaAwareness) -> str:
@@ -32,15 +46,22 @@ def path_for(awareness: CudaAwareness) -> str:
 def device_backend(x: Any) -> Any:
     """The backend for CuPy array `x`: its device, on the path the CUDA-awareness answer allows.
 
-    The answer is re-read on every call (the environment override can change between calls, as
-    the tests do); the backends, their streams and pinned pools are made once and kept.
+    Where IPC is on (`ipc_enabled`), the backend is an IPC backend wrapping that one:
+    communicators whose ranks share a node take the IPC path, others the MPI path.
+
+    The answers are re-read on every call (the environment overrides can change between calls, as
+    the tests do); the backends, their streams and pools are made once and kept.
     """
     awareness = cuda_awareness()
     device_id = int(x.device.id)
     path = path_for(awareness)
-    backend = _backends.get((device_id, path))
+    ipc = ipc_enabled(awareness)
+    backend = _backends.get((device_id, path, ipc))
     if backend is None:
-        backend = _backends[(device_id, path)] = _make_backend(device_id, path)
+        backend = _make_backend(device_id, path)
+        if ipc:
+            backend = _make_ipc_backend(device_id, backend)
+        _backends[(device_id, path, ipc)] = backend
         announce(device_id, backend, awareness)
     return backend
 
@@ -58,10 +79,22 @@ def _make_backend(device_id: int, path: str) -> Any:
     return StagedCupyBackend(cupy, engine.device, engine, name=name)
 
 
+def _make_ipc_backend(device_id: int, fallback: Any) -> Any:
+    import cupy
+
+    from mpiring.gpu.backend import IpcCupyBackend
+    from mpiring.gpu.engine import CupyIpcEngine
+
+    engine = CupyIpcEngine(cupy, device_id)
+    return IpcCupyBackend(cupy, engine.device, engine, fallback, name=f"cupy (GPU {device_id}, ipc)")
+
+
 def announce(device_id: int, backend: Any, awareness: CudaAwareness) -> None:
     """Under MPIRING_DEBUG=1, say (once per device and path) which path device buffers take."""
     if os.environ.get("MPIRING_DEBUG") != "1":
         return
-    detail = f", {backend.segment_bytes} B segments" if backend.staged else ""
-    sys.stderr.write(f"mpiring: CuPy buffers on GPU {device_id} take the {backend.path} path "
+    mpi_backend = getattr(backend, "fallback", backend)
+    detail = f", {mpi_backend.segment_bytes} B segments" if mpi_backend.path == "staged" else ""
+    prefix = "the ipc path on communicators whose ranks share one node, else " if backend.path == "ipc" else ""
+    sys.stderr.write(f"mpiring: CuPy buffers on GPU {device_id} take {prefix}the {mpi_backend.path} path "
                      f"({awareness.how}{detail})\n")

@@ -5,6 +5,9 @@
   buffer is handed to MPI (one stream, not the whole device).
 - staged (`StagedCupyBackend`): MPI only ever sees pinned host memory; each ring step's
   messages are copied through it in overlapping segments (mpiring.gpu.staging).
+- ipc (`IpcCupyBackend`): on a communicator whose ranks share one node, device buffers move by
+  CUDA IPC, device to device, and MPI carries only descriptors (mpiring.gpu.ipc); elsewhere it
+  hands each step to the direct or staged backend it wraps.
 
 Either way the reductions run on the device, in place, as CuPy elementwise kernels: one kernel
 per combine (out = a op b), none on the host. Results are CuPy arrays on the input's device.
@@ -19,6 +22,7 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
+from mpiring.gpu.ipc import IpcEngine, IpcTransfer
 from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, segment_bytes_from_env
 from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring, Step
@@ -89,10 +93,43 @@ class CupyBackend:
         return [buf if buf.nbytes else _EMPTY, MPI.BYTE], None
 
 
-class StagedCupyBackend(CupyBackend):
-    """Device buffers on one GPU, through pinned host memory: for an MPI that is not CUDA-aware."""
+class _SelfPostingBackend(CupyBackend):
+    """A backend that moves device buffers itself: Ring.post hands it each whole step
+    (`staged = True`), and it never gives MPI a device buffer."""
 
     staged = True
+
+    def _transfer(self, ring: Ring, tag: int, step: Step) -> Any:
+        """The object that moves one step's messages: post(sends, receives) and progress(call)."""
+        raise NotImplementedError
+
+    def post_staged(
+        self, ring: Ring, tag: int, sends: Sequence[tuple[Any, int]] = (), receives: Sequence[tuple[Any, int]] = ()
+    ) -> Step:
+        """Ring.post for this backend: the step's messages go through its transfer."""
+        step = Step()
+        transfer = self._transfer(ring, tag, step)
+        step.progress = transfer.progress
+        traffic = ring.traffic
+        for buf, _ in receives:
+            traffic.bytes_received += buf.nbytes
+        for buf, _ in sends:
+            traffic.bytes_sent += buf.nbytes
+            traffic.messages += 1  # the algorithm's messages, not the segments or descriptors MPI sees
+        with self.device:
+            transfer.post(sends, receives)
+        return step
+
+    def send_message(self, buf: Any) -> list:
+        raise RuntimeError(f"{self.path} device buffers must go through post_staged, never straight to MPI")
+
+    def receive_message(self, buf: Any) -> tuple[list, None]:
+        raise RuntimeError(f"{self.path} device buffers must go through post_staged, never straight to MPI")
+
+
+class StagedCupyBackend(_SelfPostingBackend):
+    """Device buffers on one GPU, through pinned host memory: for an MPI that is not CUDA-aware."""
+
     path = "staged"
 
     def __init__(
@@ -103,26 +140,35 @@ class StagedCupyBackend(CupyBackend):
         self.pool = pool if pool is not None else PinnedPool(engine.pinned, engine.done)
         self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
 
+    def _transfer(self, ring: Ring, tag: int, step: Step) -> StagedTransfer:
+        return StagedTransfer(ring.comm, self.engine, self.pool, tag, step, self.segment_bytes)
+
+
+class IpcCupyBackend(_SelfPostingBackend):
+    """Device buffers on one GPU, moved by CUDA IPC between ranks of one node (mpiring.gpu.ipc).
+
+    Whether a communicator's ranks share a node is the Ring's `node_local` (found once when the
+    Communicator is made); on any other communicator each step goes to `fallback`, the direct or
+    staged backend the MPI library allows.
+    """
+
+    path = "ipc"
+
+    def __init__(
+        self, xp: Any, device: AbstractContextManager, engine: IpcEngine, fallback: CupyBackend,
+        pool: PinnedPool | None = None, name: str = "cupy",
+    ) -> None:
+        super().__init__(xp, device, engine, name)
+        self.fallback = fallback
+        # device blocks other ranks open by handle; reused once the receiver acknowledged its copy
+        self.pool = pool if pool is not None else PinnedPool(engine.ipc_block, lambda fence: True)
+
     def post_staged(
         self, ring: Ring, tag: int, sends: Sequence[tuple[Any, int]] = (), receives: Sequence[tuple[Any, int]] = ()
     ) -> Step:
-        """Ring.post for staged buffers: the step's messages go through a StagedTransfer."""
-        step = Step()
-        transfer = StagedTransfer(ring.comm, self.engine, self.pool, tag, step, self.segment_bytes)
-        step.progress = transfer.progress
-        traffic = ring.traffic
-        for buf, _ in receives:
-            traffic.bytes_received += buf.nbytes
-        for buf, _ in sends:
-            traffic.bytes_sent += buf.nbytes
-            traffic.messages += 1  # messages the algorithm sent; MPI sees one per segment
-        with self.device:
-            transfer.post(sends, receives)
-        return step
+        if not ring.node_local:
+            return ring.post(self.fallback, tag, sends, receives)
+        return super().post_staged(ring, tag, sends, receives)
 
-    # The staged path never lets a device buffer near MPI: Ring.post routes it to post_staged.
-    def send_message(self, buf: Any) -> list:
-        raise RuntimeError("staged device buffers must go through post_staged, never straight to MPI")
-
-    def receive_message(self, buf: Any) -> tuple[list, None]:
-        raise RuntimeError("staged device buffers must go through post_staged, never straight to MPI")
+    def _transfer(self, ring: Ring, tag: int, step: Step) -> IpcTransfer:
+        return IpcTransfer(ring.comm, self.engine, self.pool, tag, step)

@@ -9,6 +9,10 @@
    per size, and its fraction of the limit (goal: >= 0.8 at >= 16 MiB).
 3. Where MPI is CUDA-aware: the direct path against MPI's own Allreduce on the same device
    buffers (goal: at least as fast).
+4. The IPC path (ranks of one node, device to device by CUDA IPC), busbw per size against the
+   device-to-device copy rate every rank gets while all copy at once (goal: >= 0.5 at >= 64 MiB).
+5. What MPI itself moves between host buffers (each rank Sendrecv's with its ring neighbours at
+   once): the staged path cannot go faster than this either.
 
 Rank 0 prints a table; --json writes the numbers too. Every rank binds a GPU round robin.
 """
@@ -22,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+import numpy
 from mpi4py import MPI
 
 import mpiring
@@ -75,6 +80,30 @@ def pinned_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int)
     }
 
 
+def device_copy_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int) -> float:
+    """GB/s per rank copied device to device (bytes copied, not read + written), all ranks at once."""
+    source, target = cupy.empty(nbytes, cupy.uint8), cupy.empty(nbytes, cupy.uint8)
+    stream, runtime = cupy.cuda.get_current_stream(), cupy.cuda.runtime
+
+    def copy() -> None:
+        runtime.memcpyAsync(target.data.ptr, source.data.ptr, nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+
+    return nbytes / _best(world, copy, stream.synchronize, repeats, 4) / 1e9
+
+
+def host_mpi_bandwidth(world: MPI.Intracomm, nbytes: int, repeats: int) -> float:
+    """GB/s per rank that MPI moves between host buffers, every rank Sendrecv'ing around the ring."""
+    p, rank = world.Get_size(), world.Get_rank()
+    if p == 1:
+        return float("inf")
+    send, receive = numpy.ones(nbytes, numpy.uint8), numpy.empty(nbytes, numpy.uint8)
+
+    def exchange() -> None:
+        world.Sendrecv([send, MPI.BYTE], (rank + 1) % p, 7, [receive, MPI.BYTE], (rank - 1) % p, 7)
+
+    return nbytes / _best(world, exchange, lambda: None, repeats, 4) / 1e9
+
+
 def allreduce_busbw(cupy: Any, world: MPI.Intracomm, run: Any, nbytes: int, repeats: int, iters: int) -> float:
     p = world.Get_size()
     seconds = _best(world, run, lambda: cupy.cuda.get_current_stream().synchronize(), repeats, iters)
@@ -115,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     limit = min(copies["duplex_each_GBps"], copies["d2h_GBps"], copies["h2d_GBps"])
     results["pinned"] = copies
     results["staged_limit_GBps"] = limit
+    results["device_copy_GBps"] = device_copy_bandwidth(cupy, world, 256 * MIB, args.repeats)
+    results["host_mpi_GBps"] = host_mpi_bandwidth(world, 64 * MIB, args.repeats)
     comm = mpiring.Communicator(world)
-    original = os.environ.get("MPIRING_CUDA_AWARE")
+    original = {name: os.environ.get(name) for name in ("MPIRING_CUDA_AWARE", "MPIRING_GPU_IPC")}
     table = []
     try:
         for mib in args.sizes_mib:
@@ -127,11 +158,15 @@ def main(argv: list[str] | None = None) -> int:
             def ours(x: Any = x, out: Any = out) -> None:
                 comm.allreduce(x, out=out)
 
-            _set_cuda_aware("0")  # the staged path, whatever the library says
+            _set_env(MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0")  # staged, whatever the library says
             staged = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
             row = {"MiB": mib, "staged_busbw_GBps": staged, "staged_vs_limit": staged / limit}
+            if comm._ring.node_local:  # the IPC path
+                _set_env(MPIRING_GPU_IPC="1", MPIRING_CUDA_AWARE=original["MPIRING_CUDA_AWARE"])
+                ipc = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
+                row.update(ipc_busbw_GBps=ipc, ipc_vs_copy=ipc / results["device_copy_GBps"])
             if awareness.aware:  # the direct path, and MPI's own Allreduce on the same buffers
-                _set_cuda_aware(original)
+                _set_env(MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE=original["MPIRING_CUDA_AWARE"])
                 row["direct_busbw_GBps"] = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
                 row["native_busbw_GBps"] = allreduce_busbw(
                     cupy, world, lambda x=x, out=out: world.Allreduce(x, out, MPI.SUM), nbytes, args.repeats,
@@ -140,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"rank {rank}: wrong all-reduce result at {mib} MiB")
             table.append(row)
     finally:
-        _set_cuda_aware(original)
+        _set_env(**original)
     results["allreduce"] = table
     comm.free()
     if rank == 0:
@@ -151,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _set_cuda_aware(value: str | None) -> None:
-    if value is None:
-        os.environ.pop("MPIRING_CUDA_AWARE", None)
-    else:
-        os.environ["MPIRING_CUDA_AWARE"] = value
+def _set_env(**values: str | None) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _report(results: dict[str, Any]) -> None:
@@ -166,11 +202,18 @@ def _report(results: dict[str, Any]) -> None:
     print(f"pinned copies per rank, all ranks at once: D2H {pinned['d2h_GBps']:.1f} GB/s, "
           f"H2D {pinned['h2d_GBps']:.1f} GB/s, both directions at once {pinned['duplex_each_GBps']:.1f} GB/s each")
     print(f"staged all-reduce busbw limit: {results['staged_limit_GBps']:.1f} GB/s")
-    print(f"{'MiB':>6} {'staged busbw':>13} {'of limit':>9} {'direct':>8} {'native':>8}   (GB/s)")
+    print(f"MPI between host buffers, per rank, all ranks at once: {results['host_mpi_GBps']:.1f} GB/s")
+    print(f"device-to-device copy per rank, all ranks at once: {results['device_copy_GBps']:.1f} GB/s")
+    print(f"{'MiB':>6} {'staged busbw':>13} {'of limit':>9} {'ipc busbw':>10} {'of copy':>8} {'direct':>8} "
+          f"{'native':>8}   (GB/s)")
+
+    def cell(row: dict[str, Any], key: str, form: str, width: int) -> str:
+        return format(row[key], form).rjust(width) if key in row else "-".rjust(width)
+
     for row in results["allreduce"]:
-        direct = f"{row['direct_busbw_GBps']:8.2f}" if "direct_busbw_GBps" in row else f"{'-':>8}"
-        native = f"{row['native_busbw_GBps']:8.2f}" if "native_busbw_GBps" in row else f"{'-':>8}"
-        print(f"{row['MiB']:>6} {row['staged_busbw_GBps']:13.2f} {row['staged_vs_limit']:9.0%} {direct} {native}")
+        print(f"{row['MiB']:>6} {row['staged_busbw_GBps']:13.2f} {row['staged_vs_limit']:9.0%} "
+              f"{cell(row, 'ipc_busbw_GBps', '.2f', 10)} {cell(row, 'ipc_vs_copy', '.0%', 8)} "
+              f"{cell(row, 'direct_busbw_GBps', '.2f', 8)} {cell(row, 'native_busbw_GBps', '.2f', 8)}")
 
 
 if __name__ == "__main__":

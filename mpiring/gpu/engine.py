@@ -7,6 +7,8 @@ Ordering with the compute stream is therefore explicit, with events (see mpiring
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from typing import Any
 
 import numpy
@@ -70,3 +72,59 @@ class CupyCopyEngine:
     def synchronize(self) -> None:
         """Wait for the compute stream only (not the whole device): what MPI must see is queued there."""
         self._compute().synchronize()
+
+
+class DeviceBlock:
+    """A cudaMalloc'd block that peers on this node can open by its IPC handle (freed with it)."""
+
+    _serials = itertools.count(1)
+
+    def __init__(self, runtime: Any, nbytes: int) -> None:
+        self._runtime = runtime
+        self.nbytes = nbytes
+        self.ptr = runtime.malloc(nbytes)
+        self.handle = bytes(runtime.ipcGetMemHandle(self.ptr))
+        self.serial = next(self._serials)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter shutdown the driver frees it with the context
+            self._runtime.free(self.ptr)
+
+
+class CupyIpcEngine(CupyCopyEngine):
+    """Device-to-device copies through CUDA IPC blocks (see mpiring.gpu.ipc.IpcEngine).
+
+    Outgoing copies (own buffer -> own block) run on the first copy stream, incoming ones (peer
+    block -> own buffer) on the second, so after_compute/before_compute order them with the
+    kernels exactly as on the staged path.
+    """
+
+    def __init__(self, cupy: Any, device_id: int) -> None:
+        super().__init__(cupy, device_id)
+        self._opened: dict[bytes, tuple[int, int]] = {}  # handle -> (serial, mapped pointer)
+
+    def ipc_block(self, nbytes: int) -> DeviceBlock:
+        with self.device:
+            return DeviceBlock(self._runtime, nbytes)
+
+    def open_peer(self, handle: bytes, serial: int) -> int:
+        known = self._opened.get(handle)
+        if known is not None and known[0] == serial:
+            return known[1]
+        with self.device:
+            if known is not None:  # the same handle bytes for a new allocation: drop the old mapping
+                self._runtime.ipcCloseMemHandle(known[1])
+            pointer = self._runtime.ipcOpenMemHandle(handle)
+        self._opened[handle] = (serial, pointer)
+        return pointer
+
+    def to_block(self, block: DeviceBlock, device: Any, nbytes: int) -> Any:
+        return self._copy(block.ptr, device.data.ptr, nbytes, self._d2h)
+
+    def from_peer(self, device: Any, peer: int, nbytes: int) -> Any:
+        return self._copy(device.data.ptr, peer, nbytes, self._h2d)
+
+    def _copy(self, dst: int, src: int, nbytes: int, stream: Any) -> Any:
+        with self.device:
+            self._runtime.memcpyAsync(dst, src, nbytes, self._runtime.memcpyDeviceToDevice, stream.ptr)
+            return self._event(stream)

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# One GPU session: what the lent GPU machine has, the GPU tests, the goals, the benchmark and the
+# training demo on device buffers, and (in the background) a CUDA-aware Open MPI for the direct
+# path. Run from the repository root on a GPU machine that has CuPy and Python 3.12:
+#
+#   OUT=results/gpu bash scripts/gpu_session.sh [phase ...]      # phases: see the bottom; default all
+#
+# Needs, carried in the repository root (see docs/gpu.md, "On a GPU: commands"):
+#   .whl/      mpich, mpi4py and pytest-mpi wheels for Python 3.12
+#   .gpu-src/  openmpi_*.orig.tar.xz (Debian's source of Open MPI) and mpi4py-*.tar.gz, for "ompi"
+# Writes every log under $OUT (packed into $OUT/logs.tgz at the end); prints a short summary last.
+# Each phase has its own time limit, and the whole run stops starting phases past $DEADLINE
+# seconds (default 560). DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES pick the world sizes of "direct".
+# What it found on an H100, and the exact calls made: docs/gpu.md.
+set -uo pipefail
+OUT=${OUT:-results/gpu}
+DEADLINE=${DEADLINE:-560}
+mkdir -p "$OUT"; export OUT
+START=$SECONDS
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# phase NAME LIMIT_SECONDS COMMAND...: run it with a time limit, log to $OUT/NAME.log, record rc.
+phase() {
+    local name=$1 limit=$2; shift 2
+    local left=$((DEADLINE - (SECONDS - START)))
+    if ((left < 20)); then note "$name: SKIPPED (time)"; return; fi
+    ((limit > left)) && limit=$left
+    echo "=== $name (limit ${limit}s) ==="
+    local t0=$SECONDS
+    timeout -k 5 "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    note "$name: rc=$rc $((SECONDS - t0))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/$name.log" | tail -1)"
+}
+
+install_wheels() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    # pip --target leaves out a wheel's data/lib: MPICH's libmpi.so.12 is there
+    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall('/tmp/mpich-wheel')" .whl/mpich-*.whl
+    mkdir -p /tmp/site/lib && cp -a /tmp/mpich-wheel/mpich-*.data/data/lib/. /tmp/site/lib/
+}
+# The image has Debian's Open MPI and an mpi4py of its own: name the carried MPICH explicitly, or
+# mpi4py loads Open MPI and every rank of MPICH's mpirun runs as a singleton.
+use_mpich() {
+    export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH LD_LIBRARY_PATH=/tmp/site/lib:${LD_LIBRARY_PATH:-}
+    export MPI4PY_LIBMPI=/tmp/site/lib/libmpi.so.12 MPI4PY_MPIABI=mpich
+}
+
+facts() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+        --format=csv > "$OUT/facts.txt" 2>&1
+    {
+        nvidia-smi topo -m
+        nproc; free -g | head -2
+        python3 -c "import sys, numpy, cupy; print(sys.version); print('numpy', numpy.__version__, 'cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion(), 'driver', cupy.cuda.runtime.driverGetVersion())"
+        echo "--- the image's own mpi4py and MPI:"
+        (cd /tmp && env -u PYTHONPATH python3 -c "import mpi4py; print('mpi4py', mpi4py.__version__, mpi4py.__file__); from mpi4py import MPI; print(MPI.Get_library_version())") 2>&1 | head -5
+        which mpirun mpiexec ompi_info mpichversion nvcc 2>&1
+        nvcc --version | tail -2
+        ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -i -E "libmpi|ucx|nccl" | head
+        find / -xdev \( -name 'libmpi.so*' -o -name 'ompi_info' \) 2>/dev/null | grep -v /tmp/ | head
+    } >> "$OUT/facts.txt" 2>&1
+    cat "$OUT/facts.txt" | head -12
+}
+
+# Open MPI from Debian's source, configured with CUDA (smcuda: device buffers by CUDA IPC within a
+# node), then mpi4py built against it. Runs in the background; "direct" waits for it.
+build_ompi() {
+    if [ -f .gpu-src/ompi-install.tar.xz ]; then   # built by an earlier session
+        tar xJf .gpu-src/ompi-install.tar.xz -C /tmp && echo OMPI_BUILT && return 0
+    fi
+    local cuda; cuda=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
+    mkdir -p /tmp/ompi-build && cd /tmp/ompi-build || return 1
+    tar xJf "$OLDPWD"/.gpu-src/openmpi_*.orig.tar.xz && cd openmpi-* || return 1
+    ./configure --prefix=/tmp/ompi --with-cuda="$cuda" --disable-mpi-fortran --disable-oshmem \
+        --without-ucx --without-ofi --without-verbs --without-psm2 --without-hcoll --disable-io-romio \
+        --enable-mca-no-build=btl-uct,btl-usnic > configure.log 2>&1 || { tail -30 configure.log; return 1; }
+    grep -i "cuda" configure.log | tail -5
+    make -j12 > make.log 2>&1 || { grep -B5 -i "error" make.log | tail -40; return 1; }
+    make install > install.log 2>&1 || { tail -20 install.log; return 1; }
+    /tmp/ompi/bin/ompi_info --parsable --all | grep -i "mpi_built_with_cuda_support:value"
+    echo OMPI_BUILT
+    tar cf - -C /tmp ompi | xz -T8 -3 > "$OUT/ompi-install.tar.xz"   # carry it to the next session
+}
+
+with_ompi() {
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    export PATH=/tmp/ompi/bin:$PATH LD_LIBRARY_PATH=/tmp/ompi/lib MPI4PY_LIBMPI=/tmp/ompi/lib/libmpi.so.40
+    export MPI4PY_MPIABI=openmpi PYTHONPATH=/tmp/site:$PWD
+}
+
+direct() {
+    for _ in $(seq 1 400); do grep -q -E "OMPI_BUILT|FAILED" "$OUT/ompi-build.log" 2>/dev/null && break; sleep 1; done
+    grep -q OMPI_BUILT "$OUT/ompi-build.log" || { echo "no CUDA-aware Open MPI was built"; return 1; }
+    with_ompi
+    python3 -c "from mpi4py import MPI; print(MPI.Get_library_version())" || {
+        echo "the mpi4py wheel does not load this Open MPI: building mpi4py from source";
+        (cd /tmp && tar xzf "$OLDPWD"/.gpu-src/mpi4py-*.tar.gz && cd mpi4py-* && \
+         MPICC=/tmp/ompi/bin/mpicc python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site-ompi .) || return 1
+        export PYTHONPATH=/tmp/site-ompi:$PYTHONPATH; unset MPI4PY_LIBMPI MPI4PY_MPIABI; }
+    MPIRING_DEBUG=1 mpirun -n 2 python3 -m mpiring info
+    python3 tests/run_world_sizes.py --no-serial --sizes ${DIRECT_TEST_SIZES:-1 2 4} -- tests/test_gpu.py
+    for n in ${DIRECT_CHECK_SIZES:-2 4}; do
+        mpirun -n $n python3 -m mpiring.gpu.check --sizes-mib 1 16 64 256 --json "$OUT/check-direct-$n.json"
+    done
+}
+
+run_phases() {
+    for p in "$@"; do
+        case $p in
+            facts) phase facts 60 "$(declare -f facts); facts" ;;
+            ompi) (setsid bash -c "$(declare -f build_ompi); build_ompi; echo rc=\$? FAILED_IF_NOT_BUILT" \
+                    > "$OUT/ompi-build.log" 2>&1 &) ;;
+            info) phase info 60 "$(declare -f use_mpich); use_mpich; python3 -m mpiring info; MPIRING_DEBUG=1 mpirun -n 4 python3 -m mpiring info" ;;
+            gputests) phase gputests 240 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --no-serial --sizes 1 2 4 -- tests/test_gpu.py tests/test_gpu_path_selection.py tests/test_gpu_ipc.py" ;;
+            suite) phase suite 400 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --sizes 1 2 4 -- -k 'not slurm'" ;;
+            check2) phase check2 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.gpu.check --json $OUT/check2.json" ;;
+            check4) phase check4 120 "$(declare -f use_mpich); use_mpich; mpirun -n 4 python3 -m mpiring.gpu.check --json $OUT/check4.json" ;;
+            segments) phase segments 150 "$(declare -f use_mpich); use_mpich; for s in 262144 1048576 4194304 16777216; do echo segment \$s; MPIRING_GPU_SEGMENT_BYTES=\$s mpirun -n 2 python3 -m mpiring.gpu.check --sizes-mib 16 64 --repeats 3; done" ;;
+            hostbench) phase hostbench 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.bench -c allreduce -b 1M -e 256M -f 4 -n 5 --reps 3 -w 2" ;;
+            bench) phase bench 200 "$(declare -f use_mpich); use_mpich; for c in allreduce allgather reduce_scatter broadcast; do mpirun -n 2 python3 -m mpiring.bench --device gpu -c \$c -b 1K -e 256M -f 4 -n 3 --reps 2 -w 1 --json $OUT/bench-\$c.json --plot $OUT/bench-\$c.png; done" ;;
+            benchstaged) phase benchstaged 200 "$(declare -f use_mpich); use_mpich; export MPIRING_GPU_IPC=0; for c in allreduce allgather reduce_scatter broadcast; do mpirun -n 2 python3 -m mpiring.bench --device gpu -c \$c -b 1K -e 256M -f 4 -n 3 --reps 2 -w 1 --json $OUT/benchstaged-\$c.json --plot $OUT/benchstaged-\$c.png; done" ;;
+            train) phase train 200 "$(declare -f use_mpich); use_mpich; for n in 1 2 4; do for s in ddp zero1 zero2 zero3; do for d in cpu gpu; do mpirun -n \$n python3 examples/train.py --strategy \$s --device \$d --steps 20 --log-every 0 --sample-chars 0 --report $OUT/train-\$n-\$s-\$d.json > $OUT/train-\$n-\$s-\$d.log 2>&1 || echo FAIL \$n \$s \$d; done; done; done; python3 scripts/compare_training_runs.py $OUT/train-*.json" ;;
+            direct) phase direct 300 "$(declare -f direct with_ompi); direct" ;;
+            *) note "unknown phase $p" ;;
+        esac
+    done
+}
+
+install_wheels
+if (($# == 0)); then set -- facts ompi info gputests check2 check4 train hostbench direct bench benchstaged segments suite; fi
+run_phases "$@"
+note "total $((SECONDS - START))s"
+cat "$SUMMARY"
+# The device tool brings back at most 8 files: everything but the build goes in one archive.
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=ompi-install.tar.xz -- * && \
+    find . -maxdepth 1 -type f ! -name logs.tgz ! -name ompi-install.tar.xz ! -name summary.txt -delete)
