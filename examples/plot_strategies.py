@@ -2,11 +2,13 @@
 """Run DDP and ZeRO-1/2/3 on the same data and draw their loss curves and their measured
 memory per rank (the picture in the README).
 
-    python examples/plot_strategies.py                        # 4 ranks -> docs/img/strategies.png
-    python examples/plot_strategies.py -n 8 --steps 100 --out s.png -- --preset medium
+    python examples/plot_strategies.py                        # -> results/strategies.png
+    python examples/plot_strategies.py --out docs/img/strategies.png   # regenerate the README figure
+    python examples/plot_strategies.py -n 8 --steps 100 --preset small --out s.png -- --dtype float64
 
-Each strategy is one `mpirun -n N python examples/train.py --report ...`; arguments after `--`
-go to every run. Needs matplotlib.
+The defaults (4 ranks, medium preset, 120 steps) are the README figure's. Each strategy is one
+`mpirun -n N python examples/train.py --report ...`; arguments after `--` go to every run.
+Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def mpi_environment() -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--ranks", type=int, default=4, help="world size (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=150, help="steps per run (default: %(default)s)")
-    parser.add_argument("--out", default=os.path.join(HERE, "..", "docs", "img", "strategies.png"))
+    parser.add_argument("--steps", type=int, default=120, help="steps per run (default: %(default)s)")
+    parser.add_argument("--preset", default="medium", help="model preset (default: %(default)s)")
+    parser.add_argument("--out", default=os.path.join("results", "strategies.png"),
+                        help="where the figure goes (default: %(default)s; the README's is docs/img/strategies.png)")
     parser.add_argument("train_args", nargs="*", help="more train.py arguments (after --)")
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(HERE))
@@ -56,7 +60,7 @@ def main() -> int:
         for strategy in STRATEGIES:
             path = os.path.join(scratch, f"{strategy}.json")
             command = [mpiexec, "-n", str(args.ranks), sys.executable, os.path.join(HERE, "train.py"),
-                       "--strategy", strategy, "--steps", str(args.steps), "--report", path,
+                       "--strategy", strategy, "--steps", str(args.steps), "--preset", args.preset, "--report", path,
                        "--log-every", "0", "--sample-chars", "0", *args.train_args]
             print("$", " ".join(command), flush=True)
             if subprocess.run(command, env=env).returncode:
@@ -65,6 +69,7 @@ def main() -> int:
             with open(path) as handle:
                 reports.append(json.load(handle))
     print(format_table(reports))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     plot_strategies(reports, args.out)
     print(f"plot: {os.path.normpath(args.out)}")
     return 0

@@ -5,18 +5,24 @@
     total = comm.allreduce(x, op=mpiring.SUM)
 """
 
-from mpiring.communicator import Communicator
-from mpiring.cuda_detection import cuda_aware, cuda_awareness
-from mpiring.errors import (
+from mpiring.launch import share_cores_among_local_ranks
+
+# Under a launcher, before NumPy loads its BLAS: each rank's thread pool gets its share of the
+# node's cores, not all of them (unless the thread variables are set; see the function).
+share_cores_among_local_ranks()
+
+from mpiring.communicator import Communicator  # noqa: E402
+from mpiring.cuda_detection import cuda_aware, cuda_awareness  # noqa: E402
+from mpiring.errors import (  # noqa: E402
     ArgumentError,
     CollectiveMismatchError,
     CollectiveTimeout,
     CommunicationError,
     MpiringError,
 )
-from mpiring.gpu.binding import bind_device
-from mpiring.ops import AVG, MAX, MIN, OPS, PROD, SUM
-from mpiring.ring import Traffic
+from mpiring.gpu.binding import bind_device  # noqa: E402
+from mpiring.ops import AVG, MAX, MIN, OPS, PROD, SUM  # noqa: E402
+from mpiring.ring import Traffic  # noqa: E402
 
 __version__ = "0.1.0"
 

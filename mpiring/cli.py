@@ -73,8 +73,19 @@ def _gpu_facts() -> tuple[Any | None, list[str]]:
     return cupy, lines
 
 
+def _installed_version() -> str:
+    """The installed distribution's version, read without importing mpiring (which starts MPI)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mpiring")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mpiring", description="mpiring: ring collectives over MPI")
+    parser.add_argument("--version", action="version", version=f"mpiring {_installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, GPUs, CUDA-aware MPI, world size, rank -> host -> GPU")
     args = parser.parse_args(argv)

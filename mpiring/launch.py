@@ -108,3 +108,25 @@ def check_world_size(world_size: int, environ: Mapping[str, str] | None = None) 
             f"({variable}={size}): the processes were not joined into one MPI job."
         )
     raise LaunchError(f"mpiring: {problem} {HOW_TO_LAUNCH}")
+
+
+# How many ranks a launcher put on this node: MPICH's Hydra, Open MPI, Slurm's srun.
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def share_cores_among_local_ranks(environ: dict[str, str] | None = None, cores: int | None = None) -> None:
+    """Give each rank's BLAS and OpenMP its share of this node's cores (at least one thread).
+
+    A thread pool as large as the node in every rank oversubscribes the cores many times over
+    (eight ranks on two cores crawl). Only under a launcher that says how many ranks share the
+    node, only for variables not already set, and only effective before NumPy is imported:
+    `import mpiring` calls it first thing.
+    """
+    env = os.environ if environ is None else environ
+    local = next((int(env[name]) for name in _LOCAL_SIZE_VARIABLES if env.get(name, "").isdigit()), 0)
+    if local < 1:
+        return
+    share = str(max(1, (cores or os.cpu_count() or 1) // local))
+    for name in _THREAD_VARIABLES:
+        env.setdefault(name, share)

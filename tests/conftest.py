@@ -33,6 +33,16 @@ def _world():
     return MPI.COMM_WORLD
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """pytest-mpi prints its MPI information block after every run; tests/run_world_sizes.py sets
+    MPIRING_MPI_INFO_SHOWN=1 after the first world size, and later runs leave it out."""
+    if os.environ.get("MPIRING_MPI_INFO_SHOWN") == "1":
+        for plugin in config.pluginmanager.get_plugins():
+            if type(plugin).__name__ == "MPIPlugin":  # its summary hook prints only while this is set
+                plugin._is_testing_mpi = False
+
+
 def pytest_report_header(config):
     world = _world()
     size = world.Get_size() if world is not None else 1

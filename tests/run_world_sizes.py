@@ -2,6 +2,7 @@
 """Run the whole test suite: the serial tests once, then the MPI tests at every world size.
 
     python tests/run_world_sizes.py                  # sizes 1 2 3 4 8
+    python tests/run_world_sizes.py --slurm          # also the real-Slurm tests (apt-installs Slurm, as root)
     python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
 
 No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py, and
@@ -86,6 +87,9 @@ def main() -> int:
     parser.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (thread method)")
     parser.add_argument("--run-timeout", type=int, default=1500, help="seconds for one world size")
     parser.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) tests")
+    parser.add_argument("--slurm", action="store_true",
+                        help="also start a real Slurm cluster here (installs Slurm and munge with apt-get "
+                             "when missing: needs root)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
 
@@ -98,11 +102,14 @@ def main() -> int:
     results: list[tuple[str, int, dict[str, int]]] = []
 
     if not args.no_serial:
+        serial_env = dict(env, MPIRING_SLURM_TESTS="1") if args.slurm else env
         code, output = run([sys.executable, "-m", "pytest", "-q", "-m", "not mpi", *timeouts, *args.pytest_args],
-                           env, args.run_timeout)
+                           serial_env, args.run_timeout)
         results.append(("serial", code, counts(output)))
 
-    for size in args.sizes:
+    for index, size in enumerate(args.sizes):
+        if index:  # pytest-mpi's MPI information block: once is enough (tests/conftest.py)
+            env = dict(env, MPIRING_MPI_INFO_SHOWN="1")
         command = [mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py", os.path.join(HERE, "mpi_pytest.py"),
                    "--with-mpi", "-m", "mpi", "-q", *timeouts, *args.pytest_args]
         code, output = run(command, dict(env, MPIEXEC_TIMEOUT=str(args.run_timeout)), args.run_timeout + 30)

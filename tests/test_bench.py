@@ -78,11 +78,14 @@ def test_sweep_rounds_to_whole_elements_per_rank():
     from mpiring.bench.harness import sweep
 
     options = parse_options(["-b", "8", "-e", "1K", "-f", "4", "-d", "float64"])
-    # sizes 8, 32, 128, 512; allgather at 4 ranks: S = count * 8 * 4, at least one element per
-    # rank, so 8 and 32 both become one element (32 bytes), which runs once
-    assert sweep(COLLECTIVES["allgather"], options, 4) == [(1, 32), (4, 128), (16, 512)]
-    assert sweep(COLLECTIVES["allreduce"], options, 4) == [(1, 8), (4, 32), (16, 128), (64, 512)]
+    # sizes 8, 32, 128, 512 and the end size 1024; allgather at 4 ranks: S = count * 8 * 4, at
+    # least one element per rank, so 8 and 32 both become one element (32 bytes), which runs once
+    assert sweep(COLLECTIVES["allgather"], options, 4) == [(1, 32), (4, 128), (16, 512), (32, 1024)]
+    assert sweep(COLLECTIVES["allreduce"], options, 4) == [(1, 8), (4, 32), (16, 128), (64, 512), (128, 1024)]
     assert sweep(COLLECTIVES["barrier"], options, 4) == [(0, 0)]
+    # the end size runs even where the factor steps past it (8 B x 16^k never lands on 16 MiB)
+    wide = parse_options(["-b", "8", "-e", "16M", "-f", "16", "-d", "float32"])
+    assert sweep(COLLECTIVES["allreduce"], wide, 2)[-2:] == [(2 << 20, 8 << 20), (4 << 20, 16 << 20)]
 
 
 SCHEDULE_COUNTS = (0, 1, 5, 1000, 300_000)  # 300 000 float32 = 1.2 MB: a segmented broadcast
@@ -216,6 +219,12 @@ def test_every_collective_matches_native(sweep_run):
     assert "#wrong in all: 0 OK" in stdout
     for name in COLLECTIVE_NAMES:
         assert f"# {name}  algorithm " in stdout  # one table block per collective
+        # one verdict per collective, counting the sizes where native time / mpiring time >= 1
+        rows = [r for r in results if r["collective"] == name]
+        wins = sum(r["ratio"] >= 1 for r in rows)
+        verdict = next(line for line in stdout.splitlines() if line.startswith(f"# verdict {name} ("))
+        assert (f"faster at {wins} of {len(rows)}" in verdict) == (wins > 0), verdict
+        assert (f"slower at {len(rows) - wins} of {len(rows)}" in verdict) == (wins < len(rows)), verdict
 
 
 @needs_mpirun

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -79,6 +80,28 @@ def test_info_command():
     assert "MPI library:" in result.stdout and "world size: 1" in result.stdout
 
 
+def test_version_option_and_license():
+    result = subprocess.run([sys.executable, "-m", "mpiring", "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"mpiring {mpiring.__version__}", result
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "LICENSE")) as handle:
+        assert handle.readline().strip() == "MIT License"
+
+
 def test_communicator_rejects_non_communicators():
     with pytest.raises(mpiring.ArgumentError, match="intracommunicator"):
         mpiring.Communicator(comm="COMM_WORLD")
+
+
+def test_ranks_share_the_cores_among_blas_threads():
+    from mpiring.launch import share_cores_among_local_ranks
+
+    env = {"MPI_LOCALNRANKS": "4"}
+    share_cores_among_local_ranks(env, cores=16)
+    assert env["OPENBLAS_NUM_THREADS"] == env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
+    env = {"OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMP_NUM_THREADS": "3"}
+    share_cores_among_local_ranks(env, cores=2)
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "3"  # at least 1; set ones kept
+    env = {}
+    share_cores_among_local_ranks(env, cores=2)
+    assert env == {}  # no launcher: nothing changes

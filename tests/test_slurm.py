@@ -6,8 +6,10 @@ allows it, else one), submit slurm/test.sbatch, train.sbatch and bench.sbatch wi
 and check each job's exit code and log, then stop every daemon by pid. Jobs run one at a time: MPI
 ranks busy-poll, and two jobs sharing this machine's two cores slow each other down many times.
 
-Without root or apt the cluster tests skip, except where CI or MPIRING_REQUIRE_SLURM is set: then
-a cluster that cannot be had is a failure. The launch-check and bind-gpu tests need no Slurm.
+The cluster tests run only when asked, because they change the system (apt-get install as root):
+`python tests/run_world_sizes.py --slurm`, or MPIRING_SLURM_TESTS=1 (.ci/run asks). Asked but
+without root or apt they skip, except where CI or MPIRING_REQUIRE_SLURM is set: then a cluster
+that cannot be had is a failure. The launch-check and bind-gpu tests need no Slurm and always run.
 """
 
 from __future__ import annotations
@@ -157,6 +159,9 @@ def cluster() -> Iterator[SlurmCluster]:
     Two nodes where network namespaces work, else (or when two fail to start) one;
     MPIRING_SLURM_NODES=1 or 2 forces the count.
     """
+    if os.environ.get("MPIRING_SLURM_TESTS") != "1":
+        pytest.skip("real-Slurm tests run only when asked (they apt-get install Slurm and munge as root): "
+                    "python tests/run_world_sizes.py --slurm")
     reason = ensure_slurm()
     if reason is not None:
         if os.environ.get("CI") or os.environ.get("MPIRING_REQUIRE_SLURM"):

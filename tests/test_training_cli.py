@@ -1,13 +1,16 @@
-"""examples/train.py as a user runs it, under mpirun at several world sizes: flags, errors that
-stop every rank without a hang, reports, plots, and a resume at another world size."""
+"""The training command (examples/train.py, mpiring-train, python -m mpiring.train) as a user runs
+it, under mpirun at several world sizes: flags, errors that stop every rank without a hang,
+reports, plots, Ctrl-C, and a resume at another world size."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from run_world_sizes import mpi_environment
@@ -132,3 +135,40 @@ def test_resume_at_another_world_size_with_another_strategy(env, text, tmp_path)
     a, b = json.loads(straight.read_text()), json.loads(resumed.read_text())
     assert b["resumed_from_step"] == 4 and b["steps_run"] == 4 and len(b["losses"]) == 8
     assert b["losses"] == pytest.approx(a["losses"], rel=1e-10)
+
+
+def test_resume_with_no_steps_left_says_so(env, text, tmp_path):
+    common = ["--data", text, *TINY, "--checkpoint-dir", str(tmp_path / "ck")]
+    assert launch(env, 2, *common, "--steps", "3").returncode == 0
+    again = launch(env, 2, *common, "--steps", "3", "--resume")
+    assert again.returncode == 1
+    assert again.stderr.count("the checkpoint is at step 3: --steps 3 leaves nothing to run") == 1, again.stderr
+
+
+def test_module_and_console_script_run_the_same_command(env):
+    done = launch(env, 0, "--help", python=("-m", "mpiring.train"))
+    assert done.returncode == 0 and "--strategy" in done.stdout
+    script = shutil.which("mpiring-train", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("mpiring is not installed here (pip install -e .): no mpiring-train script")
+    done = subprocess.run([script, "--help"], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0 and "--strategy" in done.stdout
+
+
+def test_ctrl_c_prints_one_line(env, text):
+    """SIGINT to the job (what Ctrl-C sends): no traceback from any rank, at most one line (from rank
+    0; none when rank 0 sat in a blocking MPI wait and the launcher ended it first), a failed exit."""
+    command = [shutil.which("mpiexec") or "mpiexec", "-n", "2", sys.executable, TRAIN, "--data", text, *TINY,
+               "--steps", "100000", "--log-every", "1"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline()  # the run has started (its first line)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert err.count("interrupted") <= 1 and "Traceback" not in err and "Abort(" not in err, err

@@ -71,7 +71,7 @@ class Result:
 
 
 def sweep(row: Collective, options: Options, world_size: int) -> list[tuple[int, int]]:
-    """The (count, S bytes) pairs to run: S from min to max, multiplied by the factor.
+    """The (count, S bytes) pairs to run: S from min, multiplied by the factor, and always max.
 
     S is rounded down to whole elements (per rank where S counts every rank's block), with at
     least one element when S > 0; sizes that round to the same count run once.
@@ -79,13 +79,17 @@ def sweep(row: Collective, options: Options, world_size: int) -> list[tuple[int,
     if row.input_elems(1, world_size, True) is None and row.output_elems(1, world_size, True) is None:
         return [(0, 0)]  # moves no data (barrier): one row
     unit = options.dtype.itemsize * (world_size if row.per_rank else 1)
-    counts: list[int] = []
+    sizes: list[int] = []
     size = options.min_bytes
-    while size <= options.max_bytes:
+    while size < options.max_bytes:
+        sizes.append(size)
+        size = max(size + 1, int(size * options.factor))
+    sizes.append(options.max_bytes)  # the end size, even where the factor steps past it
+    counts: list[int] = []
+    for size in sizes:
         count = max(1, size // unit) if size else 0
         if count not in counts:
             counts.append(count)
-        size = max(size + 1, int(size * options.factor))
     return [(count, count * unit) for count in counts]
 
 

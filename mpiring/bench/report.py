@@ -220,6 +220,35 @@ def plot(path: str, meta: dict[str, Any], results: list[Result]) -> None:
     plt.close(figure)
 
 
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def verdicts(results: list[Result]) -> list[str]:
+    """One line per collective and algorithm: where mpiring beats the MPI library, and by how much."""
+    blocks: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        blocks.setdefault((result.collective, result.algorithm), []).append(result)
+    lines = []
+    for (collective, algorithm), rows in blocks.items():
+        wins = [r for r in rows if r.ratio >= 1]
+        losses = [r for r in rows if r.ratio < 1]
+        parts = []
+        if wins:
+            best = max(wins, key=lambda r: r.ratio)
+            parts.append(f"faster at {len(wins)} of {len(rows)} sizes "
+                         f"(best {best.ratio:.2f}x at {_size(best.size_bytes)})")
+        if losses:
+            worst = min(losses, key=lambda r: r.ratio)
+            parts.append(f"slower at {len(losses)} of {len(rows)} "
+                         f"(worst {1 / worst.ratio:.2f}x slower at {_size(worst.size_bytes)})")
+        lines.append(f"# verdict {collective} ({algorithm}): " + "; ".join(parts))
+    return lines
+
+
 class Reporter:
     """Prints rows as they are measured (rank 0 only) and writes the files at the end."""
 
@@ -241,6 +270,9 @@ class Reporter:
         self._print(table_row(result))
 
     def finish(self, options: Options, results: list[Result]) -> None:
+        self._print("")
+        for line in verdicts(results):
+            self._print(line)
         wrong = sum(r.wrong for r in results)
         self._print(f"\n# #wrong in all: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
         if options.csv:

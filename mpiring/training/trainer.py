@@ -163,6 +163,9 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
     start, losses = 0, []
     if config.resume:
         start, losses = _resume(config, strategy, meta, log)
+        if start >= config.steps:  # every rank read the same manifest: every rank stops here
+            raise TrainingError(f"the checkpoint is at step {start}: --steps {config.steps} leaves nothing to run "
+                                f"(ask for more than {start} steps to continue training)")
     result = TrainResult(config, strategy, data, losses, start)
     xp = strategy.xp
     strategy.memory.reset_peak()
