@@ -15,9 +15,11 @@ from mpiring.communicator import Communicator  # noqa: E402
 from mpiring.cuda_detection import cuda_aware, cuda_awareness  # noqa: E402
 from mpiring.errors import (  # noqa: E402
     ArgumentError,
+    ArgumentTypeError,
     CollectiveMismatchError,
     CollectiveTimeout,
     CommunicationError,
+    CommunicatorFreedError,
     MpiringError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
-    "ArgumentError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError", "Communicator",
-    "MpiringError", "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness",
+    "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
+    "Communicator", "CommunicatorFreedError", "MpiringError", "Traffic", "__version__", "bind_device",
+    "cuda_aware", "cuda_awareness",
 ]

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency
 from mpiring.backend import NUMPY, backend_for
-from mpiring.errors import ArgumentError
+from mpiring.errors import ArgumentError, CommunicationError, CommunicatorFreedError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
@@ -50,7 +50,16 @@ class Communicator:
             timeout = _env_timeout()
         self.timeout = check_timeout("Communicator", timeout)
         self._mpi = base
-        self._ring = Ring(base.Dup())
+        self._freed = False
+        try:
+            private = base.Dup()
+        except MPI.Exception as error:  # most often: every context id in use
+            raise CommunicationError(
+                "Communicator", f"MPI could not make a communicator ({_last_line(error.Get_error_string())}); "
+                "if the program makes many, free() each one it no longer needs, or use "
+                "`with mpiring.Communicator() as comm:`",
+            ) from error
+        self._ring = Ring(private)
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
 
@@ -73,13 +82,26 @@ class Communicator:
         return self._ring.traffic
 
     def free(self) -> None:
-        """Release the private MPI communicator (collective). The object is unusable afterwards."""
-        self._ring.comm.Free()
+        """Release the private MPI communicator (collective; a second call does nothing).
+
+        Collectives called afterwards raise CommunicatorFreedError.
+        """
+        if not self._freed:
+            self._freed = True
+            self._ring.comm.Free()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.free()
 
     # ---- plumbing: every public method is one of these two around a builder below ----
 
     def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
               root: Any = None) -> Call:
+        if self._freed:
+            raise CommunicatorFreedError(collective)
         algorithm = check_algorithm(collective, algorithm)
         timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
         call = Call(collective, algorithm, self._ring.next_tag(), timeout)
@@ -264,3 +286,9 @@ def _all_on_one_node(comm: MPI.Intracomm) -> bool:
         return shared.Get_size() == comm.Get_size()
     finally:
         shared.Free()
+
+
+def _last_line(text: str) -> str:
+    """The most specific part of an MPI error stack (MPICH puts it last, after the call chain)."""
+    line = text.strip().splitlines()[-1]
+    return line.split(": ", 1)[-1].strip() if ": " in line else line

@@ -46,7 +46,7 @@ from typing import Any
 import numpy
 
 from mpiring.backend import NUMPY
-from mpiring.errors import ArgumentError, CollectiveMismatchError
+from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
 
 # Collective calls take tags 0..32766 in turn (mpiring.ring._TAG_SPACE); the MPI standard
@@ -104,6 +104,8 @@ class CallMismatchError(CollectiveMismatchError):
 def wanted(check: bool | None) -> bool:
     """Whether this rank asks for checks: `check=` if given, else MPIRING_CHECK."""
     if check is not None:
+        if not isinstance(check, bool | numpy.bool_):  # check="no" must not turn checks on
+            raise ArgumentTypeError("Communicator", "check", f"must be True, False or None, got {check!r}")
         return bool(check)
     text = os.environ.get("MPIRING_CHECK", "").strip().lower()
     if text in _TRUE:

@@ -20,6 +20,12 @@ class ArgumentError(MpiringError, ValueError):
         super().__init__(f"{collective}: argument '{argument}': {problem}")
 
 
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of a type or dtype the collective cannot take (object, string, structured,
+    longdouble or datetime arrays; an op its dtype has no meaning for): a TypeError, as Python
+    and NumPy raise for such mistakes, and still an ArgumentError."""
+
+
 class CommunicationError(MpiringError, RuntimeError):
     """MPI reported an error, or a message did not have the size this rank expected.
 
@@ -61,3 +67,12 @@ class CollectiveTimeout(MpiringError, TimeoutError):
             f"{collective} ({algorithm}) timed out after {seconds:g} s in step {step}, "
             f"still waiting to {', '.join(waiting_on)}"
         )
+
+
+class CommunicatorFreedError(MpiringError, RuntimeError):
+    """A collective was called on a Communicator after its free()."""
+
+    def __init__(self, collective: str) -> None:
+        self.collective = collective
+        super().__init__(f"{collective}: this Communicator was freed (free() or the end of its `with` block); "
+                         "make a new one")

@@ -220,7 +220,7 @@ class Ring:
             else:
                 self._poll(step, statuses, call)
         except MPI.Exception as error:
-            raise self._mpi_error(call, error) from error
+            raise self._mpi_error(call, error, step, statuses) from error
         self._finish(step, statuses, call)
 
     def is_complete(self, step: Step, call: Call) -> bool:
@@ -229,7 +229,7 @@ class Ring:
         try:
             done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
         except MPI.Exception as error:
-            raise self._mpi_error(call, error) from error
+            raise self._mpi_error(call, error, step, statuses) from error
         if done:
             self._finish(step, statuses, call)
         return done
@@ -302,7 +302,20 @@ class Ring:
             work()
         call.step += 1
 
-    def _mpi_error(self, call: Call, error: MPI.Exception) -> CommunicationError:
+    def _mpi_error(self, call: Call, error: MPI.Exception, step: Step | None = None,
+                   statuses: list[MPI.Status] | None = None) -> CommunicationError:
+        """A failed step in words: a message too large for its receive names its sender and the
+        size expected, rather than MPI's "see the MPI_ERROR field"."""
+        if step is not None and statuses is not None:
+            for index, expected, source in step.receives:
+                code = statuses[index].Get_error()
+                if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                    return CommunicationError(
+                        call.collective,
+                        f"rank {self.rank} expected {expected} bytes from rank {source} in step {call.step} but "
+                        f"a larger message arrived (MPI: {MPI.Get_error_string(MPI.Get_error_class(code))}): "
+                        "the ranks passed different shapes, lengths or dtypes",
+                    )
         return CommunicationError(
             call.collective,
             f"MPI failed on rank {self.rank} in step {call.step}: {error.Get_error_string()} "

@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (one directory each)")
     p.add_argument("--checkpoint-every", type=_count(0), default=0, metavar="N",
                    help="save every N steps (and at the end); 0 = only at the end")
+    p.add_argument("--keep", type=_count(0), default=0, metavar="N",
+                   help="keep only the newest N checkpoints; 0 = all (default: %(default)s)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --checkpoint-dir (at any world size)")
     p.add_argument("--log-every", type=_count(0), default=10, metavar="N",
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         embed=args.embed, hidden=args.hidden, layers=args.layers, lr=args.lr, momentum=args.momentum,
         bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap,
         algorithm=None if args.algorithm == "auto" else args.algorithm, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, resume=args.resume, log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, log_every=args.log_every,
         sample_chars=args.sample_chars,
     )
     try:

@@ -5,13 +5,16 @@ the same arguments raises the same error before any message moves.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
+import numpy
+
 from mpiring.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from mpiring.backend import SUPPORTED_DTYPES, NumpyBackend
-from mpiring.errors import ArgumentError
-from mpiring.ops import op_problem
+from mpiring.errors import ArgumentError, ArgumentTypeError
+from mpiring.ops import OPS, op_problem
 from mpiring.selection import AUTO, environment_choice
 
 _DTYPE_NAMES = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
@@ -19,15 +22,18 @@ _DTYPE_NAMES = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
 
 def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, split: bool = False) -> Any:
     """`x` as an array of a supported dtype; with split=True it must have an axis 0 to split."""
+    if isinstance(x, numpy.ma.MaskedArray):
+        raise ArgumentTypeError(collective, name, "masked arrays are not supported (the mask would be dropped "
+                                "and masked values reduced): pass x.filled(value) or x.data")
     try:
         arr = backend.asarray(x)
     except Exception as error:  # array-likes that cannot become arrays (ragged lists, ...)
         raise ArgumentError(collective, name, f"cannot be made into an array: {error}") from error
     dtype = arr.dtype
     if not dtype.isnative:
-        raise ArgumentError(collective, name, f"dtype {dtype} is not in native byte order")
+        raise ArgumentTypeError(collective, name, f"dtype {dtype} is not in native byte order")
     if dtype not in SUPPORTED_DTYPES:
-        raise ArgumentError(collective, name, f"unsupported dtype {dtype}; supported: {_DTYPE_NAMES}")
+        raise ArgumentTypeError(collective, name, f"unsupported dtype {dtype}; supported: {_DTYPE_NAMES}")
     if split and arr.ndim == 0:
         raise ArgumentError(collective, name, "is 0-d, but this collective splits or joins along axis 0")
     return arr
@@ -36,7 +42,9 @@ def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, sp
 def check_op(collective: str, op: Any, dtype: Any) -> str:
     problem = op_problem(op, dtype.kind)
     if problem:
-        raise ArgumentError(collective, "op", f"{problem} (dtype {dtype})")
+        # an op the dtype has no meaning for is a type mistake; an unknown op a value mistake
+        error = ArgumentTypeError if isinstance(op, str) and op in OPS else ArgumentError
+        raise error(collective, "op", f"{problem} (dtype {dtype})")
     return op
 
 
@@ -56,7 +64,12 @@ def check_algorithm(collective: str, algorithm: Any) -> str:
         argument = "MPIRING_ALGO"
     if algorithm is None:
         return DEFAULT_ALGORITHM
+    if not isinstance(algorithm, str):
+        raise ArgumentTypeError(collective, argument, f"must be a name (str), got {algorithm!r}")
     known = ALGORITHMS[collective]
+    if argument == "MPIRING_ALGO" and algorithm not in known and any(algorithm in names for names in
+                                                                     ALGORITHMS.values()):
+        return DEFAULT_ALGORITHM  # e.g. MPIRING_ALGO=binomial: the collectives without one stay on auto
     if algorithm != AUTO and algorithm not in known:
         raise ArgumentError(
             collective, argument, f"unknown algorithm {algorithm!r}; expected auto or one of {', '.join(known)}"
@@ -89,6 +102,9 @@ def check_out(collective: str, out: Any, shape: tuple[int, ...], dtype: Any, bac
 def check_timeout(collective: str, timeout: Any) -> float | None:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
-        raise ArgumentError(collective, "timeout", f"must be a positive number of seconds or None, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise ArgumentTypeError(collective, "timeout", f"must be a number of seconds or None, got {timeout!r}")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ArgumentError(collective, "timeout", f"must be a positive, finite number of seconds or None, "
+                            f"got {timeout!r}")
     return float(timeout)

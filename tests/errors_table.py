@@ -29,20 +29,23 @@ class Row:
 T = "`timeout=T`"
 ROWS: list[Row] = [
     # ---- arguments: raised locally on every rank that sees them, before any message moves ----
-    Row("dtype", "`x` of a dtype mpiring does not move (strings, objects, `longdouble`, structured)",
-        "`ArgumentError` (a `ValueError`): `allreduce: argument 'x': unsupported dtype <U1; supported: ...`; "
-        "the communicator stays usable"),
+    Row("dtype", "`x` of a dtype mpiring does not move (strings, objects, `longdouble`, structured, datetime)",
+        "`ArgumentTypeError` (an `ArgumentError`, so a `ValueError`, and a `TypeError` as NumPy raises for dtype "
+        "mistakes): `allreduce: argument 'x': unsupported dtype <U1; supported: ...`; the communicator stays usable"),
+    Row("masked", "`x` a NumPy masked array (`numpy.ma`)",
+        "`ArgumentTypeError`: `argument 'x': masked arrays are not supported (the mask would be dropped and masked "
+        "values reduced): pass x.filled(value) or x.data`"),
     Row("byte-order", "`x` in non-native byte order (`>f8` on a little-endian machine)",
-        "`ArgumentError`: `argument 'x': dtype >f8 is not in native byte order`"),
+        "`ArgumentTypeError`: `argument 'x': dtype >f8 is not in native byte order`"),
     Row("zero-d", "a 0-d array to a collective that splits or joins along axis 0 (gather, all-gather, "
         "reduce-scatter, scatter's root)", "`ArgumentError`: `argument 'x': is 0-d, but this collective splits or "
         "joins along axis 0`"),
     Row("op-unknown", "`op=\"mean\"` or any name not in `mpiring.OPS`",
         "`ArgumentError`: `argument 'op': unknown op 'mean'; expected one of sum, prod, min, max, avg`"),
     Row("op-avg-int", "`op=\"avg\"` on integers or bools",
-        "`ArgumentError`: `argument 'op': op 'avg' needs a floating or complex dtype ...`"),
+        "`ArgumentTypeError`: `argument 'op': op 'avg' needs a floating or complex dtype ...`"),
     Row("op-complex-order", "`op=\"min\"`/`\"max\"` on complex numbers",
-        "`ArgumentError`: `argument 'op': op 'max' is not defined for complex dtypes (they have no order)`"),
+        "`ArgumentTypeError`: `argument 'op': op 'max' is not defined for complex dtypes (they have no order)`"),
     Row("root-range", "`root` outside `0..size-1` (`root=size`, `root=-1`)",
         "`ArgumentError`: `argument 'root': 3 is not a rank of this communicator (size 3)`"),
     Row("root-type", "`root` that is not an integer (`1.0`, `True`, `\"0\"`)",
@@ -52,10 +55,22 @@ ROWS: list[Row] = [
     Row("out-readonly", "`out=` read-only", "`ArgumentError`: `argument 'out': is read-only`"),
     Row("algorithm-unknown", "`algorithm=` naming no algorithm of that collective",
         "`ArgumentError`: `argument 'algorithm': unknown algorithm 'tree'; expected auto or one of ring, ...`"),
+    Row("algorithm-type", "`algorithm=` that is not a name (`['ring']`)",
+        "`ArgumentTypeError`: `argument 'algorithm': must be a name (str), got ['ring']`"),
     Row("algorithm-env", "`MPIRING_ALGO=nonsense` in the environment when the `Communicator` is made",
         "`ArgumentError` at every collective: `argument 'MPIRING_ALGO': unknown algorithm 'nonsense' ...`"),
-    Row("timeout-bad", "`timeout=` zero, negative, NaN, a string or a bool (per call or `Communicator(timeout=)`)",
-        "`ArgumentError`: `argument 'timeout': must be a positive number of seconds or None, got -1`"),
+    Row("algorithm-env-partial", "`MPIRING_ALGO=binomial`: an algorithm some collectives have and others not",
+        "the collectives that have it run it; the others stay on `auto` (no error)"),
+    Row("timeout-bad", "`timeout=` zero, negative, NaN or infinite (`1e400`), per call or `Communicator(timeout=)`",
+        "`ArgumentError`: `argument 'timeout': must be a positive, finite number of seconds or None, got -1`"),
+    Row("timeout-type", "`timeout=` a string or a bool",
+        "`ArgumentTypeError`: `argument 'timeout': must be a number of seconds or None, got '5'`"),
+    Row("check-type", "`Communicator(check=\"no\")` (anything but True, False, None)",
+        "`ArgumentTypeError` from `Communicator()`: `argument 'check': must be True, False or None, got 'no'` "
+        "(it used to turn checks on)"),
+    Row("freed", "a collective on a `Communicator` after `free()` (or after its `with` block)",
+        "`CommunicatorFreedError` (a `RuntimeError`) on every rank: `allreduce: this Communicator was freed ...; "
+        "make a new one`; a second `free()` does nothing"),
     Row("env-timeout", "`MPIRING_TIMEOUT=soon` in the environment",
         "`ArgumentError` from `Communicator()` (before it communicates): `argument 'MPIRING_TIMEOUT': "
         "must be a number of seconds`"),
@@ -74,8 +89,10 @@ ROWS: list[Row] = [
         "(checks off)", "`CommunicationError` on that rank (`received 80 bytes from rank 1 but expected 64 ...` or "
         "MPI's truncation error); the ranks before it finish normally", min_ranks=2),
     Row("allreduce-length", f"all-reduce: one rank passes another length (checks off, {T})",
-        "every rank raises, within T + 2 s: `CommunicationError` (sizes do not match) or `CollectiveTimeout` "
-        "(waiting for a rank that raised)", min_ranks=2),
+        "every rank raises, within T + 2 s: `CommunicationError` (sizes do not match: `rank 0 received 32 bytes "
+        "from rank 2 but expected 40`, or for a larger message `rank 2 expected 40 bytes from rank 1 ... but a "
+        "larger message arrived (MPI: Message truncated)`) or `CollectiveTimeout` (waiting for a rank that "
+        "raised)", min_ranks=2),
     Row("allreduce-length-checked", "the same with `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` (`CallMismatchError`) on every rank: `shape (4,) on ranks 0, 1 but (5,) on "
         "rank 2; rank 2 differs from the rest`; the communicator stays usable", min_ranks=2),

@@ -59,9 +59,18 @@ def _all_raise(outcomes: list[Outcome | None], error: str, *words: str, argument
             assert o.attributes["argument"] == argument, report
 
 
-def _argument_error(comm, call, argument: str, *words: str) -> None:
-    _all_raise(everyone(attempt(call)), "ArgumentError", *words, argument=argument)
+def _argument_error(comm, call, argument: str, *words: str, error: str = "ArgumentError") -> None:
+    _all_raise(everyone(attempt(call)), error, *words, argument=argument)
     _usable(comm)
+
+
+def _type_error(comm, call, argument: str, *words: str) -> None:
+    """An ArgumentTypeError, which is also an ArgumentError, a ValueError and a TypeError."""
+    try:
+        call()
+    except mpiring.ArgumentTypeError as error:
+        assert isinstance(error, mpiring.ArgumentError | ValueError) and isinstance(error, TypeError)
+    _argument_error(comm, call, argument, *words, error="ArgumentTypeError")
 
 
 # ---- arguments ----
@@ -69,13 +78,19 @@ def _argument_error(comm, call, argument: str, *words: str) -> None:
 @row("dtype")
 def _(comm):
     for bad in (np.array(["a", "b"]), np.array([object()], dtype=object), np.zeros(2, np.longdouble),
-                np.zeros(2, dtype=[("a", "i4")])):
-        _argument_error(comm, lambda bad=bad: comm.allreduce(bad), "x", "allreduce: argument 'x': unsupported dtype")
+                np.zeros(2, dtype=[("a", "i4")]), np.zeros(2, "datetime64[s]")):
+        _type_error(comm, lambda bad=bad: comm.allreduce(bad), "x", "allreduce: argument 'x': unsupported dtype")
+
+
+@row("masked")
+def _(comm):
+    masked = np.ma.masked_array(np.arange(4.0), mask=[0, 1, 0, 1])
+    _type_error(comm, lambda: comm.allreduce(masked), "x", "masked arrays are not supported")
 
 
 @row("byte-order")
 def _(comm):
-    _argument_error(comm, lambda: comm.broadcast(np.zeros(3, ">f8")), "x", "not in native byte order")
+    _type_error(comm, lambda: comm.broadcast(np.zeros(3, ">f8")), "x", "not in native byte order")
 
 
 @row("zero-d")
@@ -91,13 +106,13 @@ def _(comm):
 
 @row("op-avg-int")
 def _(comm):
-    _argument_error(comm, lambda: comm.reduce(np.arange(3), op="avg"), "op", "floating or complex")
-    _argument_error(comm, lambda: comm.allreduce(np.ones(3, bool), op="avg"), "op", "floating or complex")
+    _type_error(comm, lambda: comm.reduce(np.arange(3), op="avg"), "op", "floating or complex")
+    _type_error(comm, lambda: comm.allreduce(np.ones(3, bool), op="avg"), "op", "floating or complex")
 
 
 @row("op-complex-order")
 def _(comm):
-    _argument_error(comm, lambda: comm.allreduce(np.ones(2, np.complex64), op="max"), "op", "complex")
+    _type_error(comm, lambda: comm.allreduce(np.ones(2, np.complex64), op="max"), "op", "complex")
 
 
 @row("root-range")
@@ -131,6 +146,27 @@ def _(comm):
     _argument_error(comm, lambda: comm.barrier(algorithm="tree"), "algorithm", "unknown algorithm")
 
 
+@row("algorithm-type")
+def _(comm):
+    _type_error(comm, lambda: comm.allreduce(np.ones(2), algorithm=["ring"]), "algorithm", "must be a name")
+
+
+@row("algorithm-env-partial")
+def _(comm):
+    from mpiring.validation import check_algorithm
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPIRING_ALGO", "binomial")
+        fresh = mpiring.Communicator()  # the environment is read when a communicator is made
+        got = fresh.allreduce(np.ones(3)), fresh.broadcast(np.full(3, float(RANK)), root=LAST)
+        chosen = check_algorithm("broadcast", None), check_algorithm("allreduce", None)
+    read_environment()
+    fresh.free()
+    assert chosen == ("binomial", "auto")  # all-reduce has no binomial algorithm: it stays on auto
+    np.testing.assert_array_equal(got[0], np.full(3, float(N)))
+    np.testing.assert_array_equal(got[1], np.full(3, float(LAST)))
+
+
 @row("algorithm-env")
 def _(comm):
     with pytest.MonkeyPatch.context() as patch:
@@ -145,9 +181,31 @@ def _(comm):
 
 @row("timeout-bad")
 def _(comm):
-    for bad in (0, -1, float("nan"), "5", True):
-        _argument_error(comm, lambda bad=bad: comm.allreduce(np.ones(2), timeout=bad), "timeout", "positive number")
-    _argument_error(comm, lambda: mpiring.Communicator(timeout=-1), "timeout", "positive number")
+    for bad in (0, -1, float("nan"), float("inf"), 1e400):
+        _argument_error(comm, lambda bad=bad: comm.allreduce(np.ones(2), timeout=bad), "timeout", "positive, finite")
+    _argument_error(comm, lambda: mpiring.Communicator(timeout=-1), "timeout", "positive, finite")
+
+
+@row("timeout-type")
+def _(comm):
+    for bad in ("5", True):
+        _type_error(comm, lambda bad=bad: comm.allreduce(np.ones(2), timeout=bad), "timeout", "number of seconds")
+
+
+@row("check-type")
+def _(comm):
+    _type_error(comm, lambda: mpiring.Communicator(check="no"), "check", "must be True, False or None")
+
+
+@row("freed")
+def _(comm):
+    with mpiring.Communicator() as scoped:
+        _usable(scoped)
+    scoped.free()  # a second free does nothing
+    outcomes = everyone(attempt(lambda: scoped.allreduce(np.ones(2))))
+    _all_raise(outcomes, "CommunicatorFreedError", "allreduce: this Communicator was freed")
+    _all_raise(everyone(attempt(scoped.barrier)), "CommunicatorFreedError", "barrier:")
+    _usable(comm)
 
 
 @row("env-timeout")
@@ -171,7 +229,8 @@ def _(comm):
 @row("scatter-root-bad")
 def _(comm):
     outcomes = everyone(attempt(lambda: comm.scatter(np.array(["s"] * N) if RANK == LAST else None, root=LAST)))
-    _all_raise(outcomes, "ArgumentError", argument="x")
+    _all_raise(outcomes[:LAST], "ArgumentError", argument="x")
+    _all_raise(outcomes[LAST:], "ArgumentTypeError", argument="x")  # the root's own: a dtype problem
     assert "unsupported dtype" in outcomes[LAST].message, describe(outcomes)
     assert all(f"rejected on the root, rank {LAST}" in o.message for o in outcomes[:LAST]), describe(outcomes)
     _usable(comm)
@@ -223,6 +282,9 @@ def _(comm):
     fresh = _fresh(timeout=T)
     outcomes = everyone(attempt(lambda: fresh.allreduce(np.ones(5 if RANK == LAST else 4))))
     _within_bound(outcomes, ("CommunicationError", "CollectiveTimeout"))
+    for o in outcomes:  # sizes in words, never MPI's "see the MPI_ERROR field"
+        if o.error == "CommunicationError":
+            assert "expected" in o.message and "MPI_ERROR" not in o.message, describe(outcomes)
 
 
 @row("allreduce-length-checked")

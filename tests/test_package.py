@@ -105,3 +105,13 @@ def test_ranks_share_the_cores_among_blas_threads():
     env = {}
     share_cores_among_local_ranks(env, cores=2)
     assert env == {}  # no launcher: nothing changes
+
+
+def test_running_out_of_communicators_says_to_free_them():
+    """In a process of its own: making communicators until MPI has no context id left."""
+    code = ("import mpiring\nfrom mpi4py import MPI\nmade = []\ntry:\n    while len(made) < 100000:\n"
+            "        made.append(mpiring.Communicator(MPI.COMM_SELF))\nexcept mpiring.CommunicationError as e:\n"
+            "    print('raised after', len(made), e)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "raised after" in result.stdout and "free() each one it no longer needs" in result.stdout, result.stdout

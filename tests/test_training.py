@@ -311,3 +311,46 @@ def test_a_corrupt_or_foreign_checkpoint_stops_every_rank(comm, shared_dir):
     comm.barrier()
     with pytest.raises(TrainingError, match="corrupt"):
         train(replace(config, steps=2, resume=True), comm, TEXT)
+
+
+def _edit(comm, path: str, change) -> None:
+    """Rank 0 rewrites a file of a checkpoint; every rank sees the change on return."""
+    if comm.rank == 0:
+        with open(path, "r+b") as handle:
+            data = change(handle.read())
+            handle.seek(0)
+            handle.truncate()
+            handle.write(data)
+    comm.barrier()
+
+
+def test_an_edited_manifest_is_refused(comm, shared_dir):
+    """Valid JSON with another step in it is not a checkpoint: the manifest checks itself."""
+    config = replace(TINY, strategy="zero1", steps=2, checkpoint_dir=shared_dir)
+    train(config, comm, TEXT)
+    manifest = os.path.join(shared_dir, "step-00000002", "manifest.json")
+    _edit(comm, manifest, lambda data: data.replace(b'"step": 2', b'"step": 1'))
+    with pytest.raises(TrainingError, match="was changed after it was written"):
+        train(replace(config, steps=4, resume=True), comm, TEXT)
+
+
+def test_resume_falls_back_past_a_corrupt_newest_checkpoint(comm, shared_dir):
+    config = replace(TINY, strategy="zero3", steps=4, checkpoint_dir=shared_dir, checkpoint_every=2)
+    train(config, comm, TEXT)
+    shard = os.path.join(shared_dir, "step-00000004", "shard-00000.npy")
+    _edit(comm, shard, lambda data: data[:-1] + bytes([data[-1] ^ 0xFF]))
+    lines: list[str] = []
+    resumed = train(replace(config, steps=6, resume=True), comm, TEXT, log=lines.append)
+    assert resumed.start_step == 2
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert "step-00000004" in warning and "corrupt" in warning, lines
+    assert resumed.losses == train(replace(TINY, strategy="zero3", steps=6), comm, TEXT).losses
+
+
+def test_keep_prunes_all_but_the_newest_checkpoints(comm, shared_dir):
+    config = replace(TINY, strategy="ddp", steps=5, checkpoint_dir=shared_dir, checkpoint_every=1, keep=2)
+    train(config, comm, TEXT)
+    comm.barrier()
+    names = [os.path.basename(path) for path in checkpoint_module.complete(shared_dir)]
+    assert names == ["step-00000005", "step-00000004"]
+    assert sorted(os.listdir(shared_dir)) == ["step-00000004", "step-00000005"]  # nothing else left behind

@@ -3,7 +3,8 @@
     CHECKPOINT_DIR/
       step-00000100/          one directory per checkpoint, complete by construction
         manifest.json         step, run settings, losses so far, and for every shard file:
-                              the flat-vector pieces it holds and its sha256
+                              the flat-vector pieces it holds and its sha256; and the
+                              sha256 of the manifest itself, so an edited step is refused
         shard-00000.npy       rank 0's pieces, one after another; rows: parameters, then
         shard-00001.npy       optimizer state (momentum)
       .tmp-step-00000200/     a save in progress, or one a crash interrupted: never read
@@ -17,7 +18,9 @@ Loading needs no communication to move data: each rank asks for the flat ranges 
 its own strategy and world size; the reader finds the pieces that overlap them in whichever
 files hold them, checks those files' checksums and copies. So a checkpoint written by 8 ranks
 of ZeRO-3 loads into 3 ranks of DDP (resharding). The ranks agree on any failure, so a bad
-checkpoint stops every rank with the same message instead of hanging some of them.
+checkpoint stops every rank with the same message instead of hanging some of them; resuming
+then falls back to the newest checkpoint that loads (mpiring.training.trainer). `keep` prunes
+all but the newest few after each save.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from mpiring.training.arrays import to_host
 from mpiring.training.errors import TrainingError, agree
 from mpiring.training.strategy import Strategy
 
-FORMAT = 1
+FORMAT = 2  # 2: the manifest carries its own checksum
 MANIFEST = "manifest.json"
+SELF_CHECKSUM = "manifest_sha256"
 _PREFIX = "step-"
 
 
@@ -48,16 +52,28 @@ def checkpoint_path(directory: str, step: int) -> str:
     return os.path.join(directory, f"{_PREFIX}{step:08d}")
 
 
-def latest(directory: str) -> str | None:
-    """The newest complete checkpoint in `directory`, or None. Temporary directories are
-    skipped by name: only a finished save is ever renamed to step-NNNNNNNN."""
+def complete(directory: str) -> list[str]:
+    """The complete checkpoints in `directory`, newest first. Temporary directories are skipped
+    by name: only a finished save is ever renamed to step-NNNNNNNN."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
-        return None
+        return []
     steps = [name for name in names if name.startswith(_PREFIX) and name[len(_PREFIX):].isdigit()]
-    complete = [n for n in steps if os.path.isfile(os.path.join(directory, n, MANIFEST))]
-    return os.path.join(directory, max(complete)) if complete else None
+    done = [n for n in steps if os.path.isfile(os.path.join(directory, n, MANIFEST))]
+    return [os.path.join(directory, name) for name in sorted(done, reverse=True)]
+
+
+def latest(directory: str) -> str | None:
+    """The newest complete checkpoint in `directory`, or None."""
+    found = complete(directory)
+    return found[0] if found else None
+
+
+def _manifest_checksum(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest without its own checksum, in one canonical JSON form."""
+    body = {key: value for key, value in manifest.items() if key != SELF_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _before_publish() -> None:
@@ -95,10 +111,12 @@ def _write_shard(directory: str, rank: int, strategy: Strategy) -> None:
     _write_file(os.path.join(directory, name + ".json"), json.dumps(entry).encode())
 
 
-def save(directory: str, step: int, strategy: Strategy, meta: dict[str, Any], losses: list[float]) -> str:
+def save(directory: str, step: int, strategy: Strategy, meta: dict[str, Any], losses: list[float],
+         keep: int = 0) -> str:
     """Collective: write the state after `step` steps as a new checkpoint; returns its path.
 
-    `meta` describes the run (model, optimizer, data...); a later load must match it.
+    `meta` describes the run (model, optimizer, data...); a later load must match it. With
+    `keep` > 0, only the newest `keep` checkpoints remain afterwards.
     """
     comm = strategy.comm
     final = checkpoint_path(directory, step)
@@ -121,6 +139,8 @@ def save(directory: str, step: int, strategy: Strategy, meta: dict[str, Any], lo
     if comm.rank == 0:
         try:
             _publish(temporary, final, step, strategy, meta, losses)
+            for old in complete(directory)[keep:] if keep else ():
+                shutil.rmtree(old)
         except (OSError, ValueError) as error:
             problem = f"cannot finish checkpoint {final!r}: {error}"
     agree(comm, problem, CheckpointError)
@@ -140,6 +160,7 @@ def _publish(temporary: str, final: str, step: int, strategy: Strategy, meta: di
         "rows": ["params"] + ["momentum"] * strategy.optimizer.slots,
         "meta": meta, "losses": losses, "shards": shards,
     }
+    manifest[SELF_CHECKSUM] = _manifest_checksum(manifest)
     _write_file(os.path.join(temporary, MANIFEST), json.dumps(manifest, indent=1).encode())
     _fsync_dir(temporary)
     stale = None
@@ -163,8 +184,12 @@ class Reader:
                 self.manifest = json.load(handle)
         except (OSError, ValueError) as error:
             raise CheckpointError(f"cannot read the manifest of checkpoint {path!r}: {error}") from None
-        if self.manifest.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {path!r} has format {self.manifest.get('format')}, expected {FORMAT}")
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            found = self.manifest.get("format") if isinstance(self.manifest, dict) else None
+            raise CheckpointError(f"checkpoint {path!r} has format {found}, expected {FORMAT}")
+        if self.manifest.get(SELF_CHECKSUM) != _manifest_checksum(self.manifest):
+            raise CheckpointError(f"the manifest of checkpoint {path!r} was changed after it was written "
+                                  "(its checksum does not match)")
         self._tables: dict[str, numpy.ndarray] = {}
 
     def _table(self, shard: dict[str, Any]) -> numpy.ndarray:

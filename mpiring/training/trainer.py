@@ -52,6 +52,7 @@ class TrainConfig:
     algorithm: str | None = None  # for every collective; None: mpiring's automatic choice
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    keep: int = 0  # checkpoints kept after each save, newest first; 0 keeps all
     resume: bool = False
     log_every: int = 1
     sample_chars: int = 200
@@ -75,8 +76,8 @@ class TrainConfig:
             raise TrainingError(f"unknown preset {self.preset!r} (expected one of {', '.join(PRESETS)})")
         if self.dtype not in ("float32", "float64"):
             raise TrainingError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        if self.steps < 0 or self.batch_size < 1 or self.checkpoint_every < 0:
-            raise TrainingError("steps and checkpoint_every must be >= 0, batch_size >= 1")
+        if self.steps < 0 or self.batch_size < 1 or self.checkpoint_every < 0 or self.keep < 0:
+            raise TrainingError("steps, checkpoint_every and keep must be >= 0, batch_size >= 1")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise TrainingError("checkpoint_every and resume need a checkpoint directory")
 
@@ -120,20 +121,33 @@ def build(config: TrainConfig, comm: Any, data: CharData) -> Strategy:
 
 def _resume(config: TrainConfig, strategy: Strategy, meta: dict[str, Any], log: Callable[[str], None]
             ) -> tuple[int, list[float]]:
-    """Load the newest checkpoint in config.checkpoint_dir, if any: (first step to run, losses)."""
+    """Load the newest checkpoint in config.checkpoint_dir that loads: (first step to run, losses).
+
+    A newer one that is corrupt or edited is skipped with a warning naming what is wrong; if
+    none loads, every rank raises the newest one's error (never a silent fresh start).
+    """
     comm = strategy.comm
-    path = checkpoint.latest(config.checkpoint_dir)
-    seen = numpy.array([-1 if path is None else int(path.rsplit("-", 1)[1])], dtype=numpy.int64)
-    first = comm.broadcast(seen.copy(), root=0)
-    agree(comm, None if first[0] == seen[0] else
+    paths = checkpoint.complete(config.checkpoint_dir)
+    seen = numpy.array([int(path.rsplit("-", 1)[1]) for path in paths] or [-1], dtype=numpy.int64)
+    count = comm.broadcast(numpy.array([seen.size]), root=0)
+    first = comm.broadcast(seen.copy() if seen.size == count[0] else numpy.zeros(count[0], numpy.int64), root=0)
+    agree(comm, None if numpy.array_equal(first, seen) else
           f"ranks see different checkpoints in {config.checkpoint_dir!r}: is it on a shared file system?")
-    if path is None:
+    if not paths:
         log(f"no checkpoint in {config.checkpoint_dir}: starting from step 0")
         return 0, []
-    manifest = checkpoint.load(path, strategy, meta)
-    log(f"resumed from {path} (step {manifest['step']}, saved by {manifest['strategy']} on "
-        f"{manifest['world_size']} ranks)")
-    return int(manifest["step"]), [float(x) for x in manifest["losses"]]
+    failures: list[checkpoint.CheckpointError] = []
+    for path in paths:
+        try:
+            manifest = checkpoint.load(path, strategy, meta)
+        except checkpoint.CheckpointError as error:  # every rank has the same error here
+            failures.append(error)
+            log(f"warning: {error}; trying the checkpoint before it")
+            continue
+        log(f"resumed from {path} (step {manifest['step']}, saved by {manifest['strategy']} on "
+            f"{manifest['world_size']} ranks)")
+        return int(manifest["step"]), [float(x) for x in manifest["losses"]]
+    raise failures[0]
 
 
 def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] | None = None) -> TrainResult:
@@ -185,11 +199,11 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
             log(f"step {step + 1:>5}/{config.steps}  loss {loss:.4f}  "
                 f"{config.batch_size / seconds:>9,.0f} tokens/s  {sent_mb:.3f} MB sent/rank")
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-            log(f"checkpoint {checkpoint.save(config.checkpoint_dir, step + 1, strategy, meta, losses)}")
+            log(f"checkpoint {checkpoint.save(config.checkpoint_dir, step + 1, strategy, meta, losses, config.keep)}")
     result.memory = strategy.memory.snapshot()
     saved_last = config.checkpoint_every and len(losses) % config.checkpoint_every == 0
     if config.checkpoint_dir and len(losses) > start and not saved_last:
-        log(f"checkpoint {checkpoint.save(config.checkpoint_dir, len(losses), strategy, meta, losses)}")
+        log(f"checkpoint {checkpoint.save(config.checkpoint_dir, len(losses), strategy, meta, losses, config.keep)}")
     if config.sample_chars:
         params = strategy.full_parameters(root=0)
         if comm.rank == 0:
