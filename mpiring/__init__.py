@@ -19,6 +19,7 @@ from mpiring.errors import (  # noqa: E402
     CollectiveMismatchError,
     CollectiveTimeout,
     CommunicationError,
+    CommunicatorBrokenError,
     CommunicatorFreedError,
     MpiringError,
 )
@@ -31,6 +32,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
-    "Communicator", "CommunicatorFreedError", "MpiringError", "Traffic", "__version__", "bind_device",
-    "cuda_aware", "cuda_awareness",
+    "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "MpiringError", "Traffic", "__version__",
+    "bind_device", "cuda_aware", "cuda_awareness",
 ]

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency
 from mpiring.backend import NUMPY, backend_for
-from mpiring.errors import ArgumentError, CommunicationError, CommunicatorFreedError
+from mpiring.errors import ArgumentError, CommunicationError, CommunicatorBrokenError, CommunicatorFreedError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
@@ -102,11 +102,13 @@ class Communicator:
               root: Any = None) -> Call:
         if self._freed:
             raise CommunicatorFreedError(collective)
+        if self._ring.broken is not None:
+            raise CommunicatorBrokenError(collective, self._ring.broken)
         algorithm = check_algorithm(collective, algorithm)
         timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
         call = Call(collective, algorithm, self._ring.next_tag(), timeout)
         if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op and root first
-            self._check.compare(call, x, op, root)
+            self._check.compare(call, x, op, root)  # its exchange, like every call, breaks the ring on failure
         return call
 
     def _wait(self, call: Call, steps: Steps) -> Any:

@@ -76,3 +76,13 @@ class CommunicatorFreedError(MpiringError, RuntimeError):
         self.collective = collective
         super().__init__(f"{collective}: this Communicator was freed (free() or the end of its `with` block); "
                          "make a new one")
+
+
+class CommunicatorBrokenError(CommunicationError):
+    """A collective was called on a Communicator that timed out or failed in an earlier call on
+    this rank. Messages of that call may still be in flight and could match a later call's, so
+    no later call on it is trusted: make a new Communicator."""
+
+    def __init__(self, collective: str, cause: str) -> None:
+        super().__init__(collective, f"this Communicator broke on this rank in {cause}; messages of that call "
+                                     "may still be in flight, so it takes no more calls: make a new Communicator")

@@ -140,6 +140,14 @@ class Ring:
         self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
         self.in_flight: list[CollectiveRequest] = []
+        # why this rank may have messages of an abandoned call in flight (the Communicator then
+        # refuses every later call: those messages could match a later call's receives)
+        self.broken: str | None = None
+
+    def abandon(self, call: Call, error: BaseException) -> None:
+        """Record that `call` failed with messages possibly in flight (the first cause is kept)."""
+        if self.broken is None:
+            self.broken = f"{call.collective} ({call.algorithm}, step {call.step}: {type(error).__name__})"
 
     def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
         """A flat scratch array of `count` elements (`with ring.scratch(...) as buf`), reused
@@ -342,6 +350,9 @@ def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
             step = steps.send(None)
     except StopIteration as finished:
         return finished.value
+    except (CollectiveTimeout, CommunicationError) as error:
+        ring.abandon(call, error)
+        raise
 
 
 class CollectiveRequest:
@@ -372,15 +383,23 @@ class CollectiveRequest:
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True once the collective is done."""
-        while not self._done and self._ring.is_complete(self._step, self._call):
-            self._advance()
+        try:
+            while not self._done and self._ring.is_complete(self._step, self._call):
+                self._advance()
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._ring.abandon(self._call, error)
+            raise
         return self._done
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
-        while not self._done:
-            self._ring.wait_step(self._step, self._call, self)
-            self._advance()
+        try:
+            while not self._done:
+                self._ring.wait_step(self._step, self._call, self)
+                self._advance()
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._ring.abandon(self._call, error)
+            raise
         return self._result
 
     @property

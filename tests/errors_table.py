@@ -87,12 +87,19 @@ ROWS: list[Row] = [
         "`ranks [2] passed arrays whose dtype or row shape differs from rank 0's`", min_ranks=2),
     Row("broadcast-length-last", "broadcast (ring): the last rank of the chain passes a shorter or longer array "
         "(checks off)", "`CommunicationError` on that rank (`received 80 bytes from rank 1 but expected 64 ...` or "
-        "MPI's truncation error); the ranks before it finish normally", min_ranks=2),
+        "`... but a larger message arrived`), whose communicator is then broken (below); the ranks before it "
+        "finish normally", min_ranks=2),
     Row("allreduce-length", f"all-reduce: one rank passes another length (checks off, {T})",
         "every rank raises, within T + 2 s: `CommunicationError` (sizes do not match: `rank 0 received 32 bytes "
         "from rank 2 but expected 40`, or for a larger message `rank 2 expected 40 bytes from rank 1 ... but a "
         "larger message arrived (MPI: Message truncated)`) or `CollectiveTimeout` (waiting for a rank that "
         "raised)", min_ranks=2),
+    Row("broken", f"any call on a communicator that raised `CollectiveTimeout` or `CommunicationError` on this "
+        f"rank before (here: the all-reduce of another length above, {T})",
+        "`CommunicatorBrokenError` (a `CommunicationError`) at once: `allreduce: this Communicator broke on this "
+        "rank in allreduce (recursive_doubling, step 0: CommunicationError); messages of that call may still be in "
+        "flight, so it takes no more calls: make a new Communicator`. A rank whose call succeeded keeps a usable "
+        "communicator, and never gets data from the abandoned call (its peers send nothing more)", min_ranks=2),
     Row("allreduce-length-checked", "the same with `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` (`CallMismatchError`) on every rank: `shape (4,) on ranks 0, 1 but (5,) on "
         "rank 2; rank 2 differs from the rest`; the communicator stays usable", min_ranks=2),

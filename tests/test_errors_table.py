@@ -257,11 +257,25 @@ def _(comm):
 @row("broadcast-length-last")
 def _(comm):
     for length in (8, 12):
+        fresh = _fresh()
         x = np.zeros(length if RANK == LAST else 10)
-        outcomes = everyone(attempt(lambda x=x: comm.broadcast(x, root=0, algorithm="ring")))
+        outcomes = everyone(attempt(lambda x=x, fresh=fresh: fresh.broadcast(x, root=0, algorithm="ring")))
         assert all(o.error is None for o in outcomes[:LAST]), describe(outcomes)
         assert outcomes[LAST].error == "CommunicationError", describe(outcomes)
         assert "different shapes" in outcomes[LAST].message, describe(outcomes)
+
+
+@row("broken")
+def _(comm):
+    fresh = _fresh(timeout=T)
+    first = everyone(attempt(lambda: fresh.allreduce(np.ones(5 if RANK == LAST else 4))))
+    later = everyone(attempt(lambda: fresh.allreduce(np.ones(4))))
+    for before, after in zip(first, later, strict=True):
+        if before.error is not None:  # this rank's communicator broke: every later call refuses
+            assert after.error == "CommunicatorBrokenError", describe(later)
+            assert "broke on this rank in allreduce" in after.message and "make a new" in after.message
+        assert after.error is not None or np.array_equal(after.value, np.full(4, float(N))), describe(later)
+    _usable(comm)
 
 
 def _fresh(**options) -> mpiring.Communicator:
