@@ -9,6 +9,7 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from mpi4py import MPI
@@ -111,10 +112,24 @@ class Communicator:
             self._check.compare(call, x, op, root)  # its exchange, like every call, breaks the ring on failure
         return call
 
-    def _wait(self, call: Call, steps: Steps) -> Any:
+    def _build(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> tuple[Call, Steps]:
+        """Run a builder. A call that raises before it took its sequence number (a bad argument
+        on some ranks only) takes it anyway, so every rank's next call has the same number and
+        no message of this call can ever be matched by the next one."""
+        taken = self._ring.calls
+        try:
+            return builder(*args)
+        except BaseException:
+            if self._ring.calls == taken:
+                self._ring.next_tag()
+            raise
+
+    def _wait(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> Any:
+        call, steps = self._build(builder, *args)
         return run_to_end(self._ring, steps, call)
 
-    def _start(self, call: Call, steps: Steps) -> CollectiveRequest:
+    def _start(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> CollectiveRequest:
+        call, steps = self._build(builder, *args)
         return CollectiveRequest(self._ring, steps, call)
 
     # ---- the collectives: builders check arguments and return (call, steps) ----
@@ -187,17 +202,17 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets root's `x`. Every rank passes an array of root's shape and dtype."""
-        return self._wait(*self._broadcast(x, root, out, algorithm, timeout))
+        return self._wait(self._broadcast, x, root, out, algorithm, timeout)
 
     def reduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> Any:
         """The root gets the elementwise reduction of every rank's `x`; other ranks get None."""
-        return self._wait(*self._reduce(x, op, root, out, algorithm, timeout))
+        return self._wait(self._reduce, x, op, root, out, algorithm, timeout)
 
     def allreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets the elementwise reduction of every rank's `x` (bitwise the same)."""
-        return self._wait(*self._allreduce(x, op, out, algorithm, timeout))
+        return self._wait(self._allreduce, x, op, out, algorithm, timeout)
 
     def gather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> Any:
@@ -205,12 +220,12 @@ class Communicator:
 
         Ranks may pass different numbers of rows; the other dimensions and the dtype must agree.
         """
-        return self._wait(*self._gather(x, root, out, algorithm, timeout))
+        return self._wait(self._gather, x, root, out, algorithm, timeout)
 
     def allgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets every rank's `x` concatenated along axis 0 in rank order."""
-        return self._wait(*self._allgather(x, out, algorithm, timeout))
+        return self._wait(self._allgather, x, out, algorithm, timeout)
 
     def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> Any:
@@ -218,57 +233,57 @@ class Communicator:
 
         Non-root ranks pass None (anything they pass is ignored).
         """
-        return self._wait(*self._scatter(x, root, out, algorithm, timeout))
+        return self._wait(self._scatter, x, root, out, algorithm, timeout)
 
     def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                        timeout: float | None = None) -> Any:
         """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
-        return self._wait(*self._reduce_scatter(x, op, out, algorithm, timeout))
+        return self._wait(self._reduce_scatter, x, op, out, algorithm, timeout)
 
     def barrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> None:
         """Return only once every rank has entered the barrier."""
-        self._wait(*self._barrier(algorithm, timeout))
+        self._wait(self._barrier, algorithm, timeout)
 
     # ---- nonblocking: same arguments, return a request; wait() returns the result ----
 
     def ibroadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `broadcast`."""
-        return self._start(*self._broadcast(x, root, out, algorithm, timeout))
+        return self._start(self._broadcast, x, root, out, algorithm, timeout)
 
     def ireduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce`."""
-        return self._start(*self._reduce(x, op, root, out, algorithm, timeout))
+        return self._start(self._reduce, x, op, root, out, algorithm, timeout)
 
     def iallreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `allreduce`."""
-        return self._start(*self._allreduce(x, op, out, algorithm, timeout))
+        return self._start(self._allreduce, x, op, out, algorithm, timeout)
 
     def igather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `gather`."""
-        return self._start(*self._gather(x, root, out, algorithm, timeout))
+        return self._start(self._gather, x, root, out, algorithm, timeout)
 
     def iallgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `allgather`."""
-        return self._start(*self._allgather(x, out, algorithm, timeout))
+        return self._start(self._allgather, x, out, algorithm, timeout)
 
     def iscatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                  timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `scatter`."""
-        return self._start(*self._scatter(x, root, out, algorithm, timeout))
+        return self._start(self._scatter, x, root, out, algorithm, timeout)
 
     def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                         timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce_scatter`."""
-        return self._start(*self._reduce_scatter(x, op, out, algorithm, timeout))
+        return self._start(self._reduce_scatter, x, op, out, algorithm, timeout)
 
     def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `barrier`: wait() returns once every rank has entered."""
-        return self._start(*self._barrier(algorithm, timeout))
+        return self._start(self._barrier, algorithm, timeout)
 
 
 def _env_timeout() -> float:

@@ -24,9 +24,12 @@ from mpi4py import MPI
 from mpiring.backend import NumpyBackend
 from mpiring.errors import CollectiveTimeout, CommunicationError
 
-# Tags cycle through this range; each collective call takes the next one, so messages of two
-# calls in flight at once (nonblocking collectives) never match each other's receives.
-_TAG_SPACE = 32767  # the MPI standard guarantees MPI_TAG_UB >= 32767
+# Each collective call takes the next tag, so messages of two calls in flight at once
+# (nonblocking collectives), or of a call abandoned on some rank, never match another call's
+# receives. Tags cycle through the lower half of the communicator's MPI_TAG_UB (2^29-1 in the
+# MPICH wheel, 2^31-1 in Open MPI's; at least 32767 by the standard); the upper half is for a
+# transport's second message kind (the IPC path's acknowledgements).
+_MIN_TAG_UB = 32767
 
 # Scratch pool: arrays from this size up are kept for reuse, at most this many per backend
 # (enough for a few nonblocking collectives in flight at once).
@@ -134,6 +137,8 @@ class Ring:
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
         self.traffic = Traffic()
+        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        self.tag_space = (max(int(tag_ub) if tag_ub else 0, _MIN_TAG_UB) + 1) // 2
         # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
         self._calls = 0
@@ -172,10 +177,16 @@ class Ring:
     def rank_at(self, position: int, root: int) -> int:
         return (root + position) % self.size
 
+    @property
+    def calls(self) -> int:
+        """Collective calls made so far (each took a tag)."""
+        return self._calls
+
     def next_tag(self) -> int:
-        """A tag for the next collective call; every rank calls collectives in the same order."""
+        """A tag for the next collective call, in [1, tag_space); every rank calls collectives
+        in the same order, and every call takes one, even one that raises."""
         self._calls += 1
-        return self._calls % _TAG_SPACE
+        return self._calls % (self.tag_space - 1) + 1
 
     def post(
         self,

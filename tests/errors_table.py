@@ -79,6 +79,12 @@ ROWS: list[Row] = [
     Row("scatter-root-bad", "scatter's `x` is bad on the root only (only the root holds it)",
         "`ArgumentError` on every rank: the root's names the problem, the others' say `rejected on the root, "
         "rank R (see the error there)`; no rank waits for data", min_ranks=2),
+    Row("argument-one-rank", f"one rank rejects its own argument (`out=` of the wrong shape on the root only) "
+        f"while the others go on ({T})", "that rank raises `ArgumentError`; it never returns another call's data "
+        "afterwards: every call takes its sequence number (its tag) even when it raises, so a message of the "
+        "abandoned call cannot match the next one. A reduce's other ranks finish, and the next reduce is right on "
+        "every rank; in an all-reduce the others time out and break (below), and the rejecting rank's next call "
+        "times out too", min_ranks=2),
     Row("result-early", "`request.result` read before `test()` returned True or `wait()` returned",
         "`RuntimeError`: `allreduce is still in flight: call wait() or test() first`", min_ranks=2),
     # ---- ranks that disagree ----

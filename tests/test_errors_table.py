@@ -236,6 +236,24 @@ def _(comm):
     _usable(comm)
 
 
+@row("argument-one-rank")
+def _(comm):
+    fresh = _fresh(timeout=T)
+    bad = np.empty(3) if RANK == 0 else None  # the root's out= has the wrong shape
+    first = everyone(attempt(lambda: fresh.reduce(np.full(2, RANK + 1.0), root=0, out=bad)))
+    assert first[0].error == "ArgumentError" and all(o.error is None for o in first[1:]), describe(first)
+    second = everyone(attempt(lambda: fresh.reduce(np.full(2, 10.0 * (RANK + 1)), root=0)))
+    assert all(o.error is None for o in second), describe(second)
+    np.testing.assert_array_equal(second[0].value, np.full(2, 10.0 * N * (N + 1) / 2))  # never call 1's sum
+    other = _fresh(timeout=T)
+    bad = np.empty(3) if RANK == LAST else None
+    first = everyone(attempt(lambda: other.allreduce(np.ones(2), out=bad)))
+    later = everyone(attempt(lambda: other.allreduce(np.ones(2))))
+    assert first[LAST].error == "ArgumentError", describe(first)
+    assert all(o.error is not None for o in later), describe(later)  # errors, never data
+    _usable(comm)
+
+
 @row("result-early")
 def _(comm):
     request = comm.iallreduce(np.ones(2))

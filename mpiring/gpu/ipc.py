@@ -31,10 +31,9 @@ from mpiring.errors import CommunicationError
 from mpiring.gpu.staging import PinnedPool
 
 HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
-# Acknowledgements travel on the call's tag plus this: on the call's own tag an early ack from a
-# peer could match the receive posted for that peer's descriptor (MPI matches source and tag in
-# order). Every MPI wheel's MPI_TAG_UB is far above 2 * 32768.
-ACK_TAG_OFFSET = 1 << 15
+# Acknowledgements travel on the call's tag plus the Ring's tag space (its tags use the lower
+# half of MPI_TAG_UB): on the call's own tag an early ack from a peer could match the receive
+# posted for that peer's descriptor (MPI matches source and tag in order).
 # descriptor: the block's handle, then int64 serial (which allocation) and int64 byte count
 DESCRIPTOR_BYTES = HANDLE_BYTES + 16
 
@@ -107,8 +106,10 @@ class IpcTransfer:
     """The messages of one ring step on the IPC path, pushed along by `progress` (like
     mpiring.gpu.staging.StagedTransfer, whose place in Ring.post it takes)."""
 
-    def __init__(self, comm: MPI.Intracomm, engine: IpcEngine, pool: PinnedPool, tag: int, step: Any) -> None:
+    def __init__(self, comm: MPI.Intracomm, engine: IpcEngine, pool: PinnedPool, tag: int, step: Any,
+                 ack_tag: int) -> None:
         self._comm, self._engine, self._pool, self._tag, self._step = comm, engine, pool, tag, step
+        self._ack_tag = ack_tag
         self._out: list[_Outgoing] = []
         self._in: list[_Incoming] = []
         self._done = False
@@ -138,7 +139,7 @@ class IpcTransfer:
             # the first send of a buffer owns its block and hands it back at the end of the step
             outgoing = _Outgoing(dest, block if first else None, fence, encode_descriptor(block, buf.nbytes))
             outgoing.index = self._request(MPI.Request(), "send to", dest)  # null until the copy is done
-            self._request(comm.Irecv([outgoing.ack, MPI.BYTE], dest, tag + ACK_TAG_OFFSET),
+            self._request(comm.Irecv([outgoing.ack, MPI.BYTE], dest, self._ack_tag),
                           "acknowledgement from", dest)
             self._out.append(outgoing)
         self._send_ready_descriptors()
@@ -162,7 +163,7 @@ class IpcTransfer:
         """
         if self._done:
             return True
-        requests, engine, comm, tag = self._step.requests, self._engine, self._comm, self._tag
+        requests, engine, comm = self._step.requests, self._engine, self._comm
         busy = self._send_ready_descriptors()
         status = MPI.Status()
         for incoming in self._in:
@@ -175,7 +176,7 @@ class IpcTransfer:
                 if not engine.done(incoming.fence):
                     busy = True
                     continue
-                self._request(comm.Isend([incoming.ack, MPI.BYTE], incoming.source, tag + ACK_TAG_OFFSET),
+                self._request(comm.Isend([incoming.ack, MPI.BYTE], incoming.source, self._ack_tag),
                               "send to", incoming.source)
                 incoming.state = "acked"
         if busy or not MPI.Request.Testall(requests):
