@@ -49,9 +49,8 @@ from mpiring.backend import NUMPY
 from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
 
-# Collective calls take tags 0..32766 in turn (mpiring.ring._TAG_SPACE); the MPI standard
-# guarantees tags up to 32767, so this one is free for the check's own messages.
-CHECK_TAG = 32767
+# Collective calls take tags from 1 up (Ring.next_tag), never 0: 0 is the check's own.
+CHECK_TAG = 0
 
 _TEXT = 32  # bytes for a name in a record; longer names are shortened with a checksum
 _MAX_DIMS = 8  # dimensions stored as numbers; a longer shape is also compared by checksum

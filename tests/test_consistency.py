@@ -16,6 +16,7 @@ from mpi4py import MPI
 import mpiring
 from mpiring.algorithms import ALGORITHMS
 from mpiring.consistency import CHECK_TAG, RECORD, CallMismatchError, wanted
+from mpiring.ring import Ring
 
 pytestmark = pytest.mark.mpi
 
@@ -165,7 +166,22 @@ def test_bad_mpiring_check_values_are_refused(monkeypatch):
 
 
 def test_the_record_and_tag_fit_the_mpi_guarantees():
-    assert CHECK_TAG <= 32767 and RECORD.itemsize % 8 == 0
+    assert RECORD.itemsize % 8 == 0
+
+    class SmallestTagBound:  # an MPI that grants only the standard's minimum MPI_TAG_UB
+        def Get_rank(self):  # noqa: N802 (mpi4py's names)
+            return 0
+
+        def Get_size(self):  # noqa: N802
+            return 1
+
+        def Get_attr(self, key):  # noqa: N802
+            return 32767
+
+    ring = Ring(SmallestTagBound())
+    tags = [ring.next_tag() for _ in range(3 * ring.tag_space)]  # wrapping around several times
+    assert CHECK_TAG not in tags and min(tags) == 1 and max(tags) + ring.tag_space <= 32767
+    assert Ring(MPI.COMM_SELF).tag_space >= ring.tag_space
     assert issubclass(CallMismatchError, mpiring.CollectiveMismatchError)
 
 
