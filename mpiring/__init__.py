@@ -21,6 +21,7 @@ from mpiring.errors import (  # noqa: E402
     CommunicationError,
     CommunicatorBrokenError,
     CommunicatorFreedError,
+    ConcurrentUseError,
     MpiringError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
@@ -32,6 +33,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
-    "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "MpiringError", "Traffic", "__version__",
-    "bind_device", "cuda_aware", "cuda_awareness",
+    "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError", "MpiringError",
+    "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness",
 ]

@@ -115,7 +115,9 @@ class Communicator:
     def _build(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> tuple[Call, Steps]:
         """Run a builder. A call that raises before it took its sequence number (a bad argument
         on some ranks only) takes it anyway, so every rank's next call has the same number and
-        no message of this call can ever be matched by the next one."""
+        no message of this call can ever be matched by the next one. Only the communicator's
+        own thread may call (Ring.claim)."""
+        self._ring.claim(builder.__name__)
         taken = self._ring.calls
         try:
             return builder(*args)

@@ -86,3 +86,14 @@ class CommunicatorBrokenError(CommunicationError):
     def __init__(self, collective: str, cause: str) -> None:
         super().__init__(collective, f"this Communicator broke on this rank in {cause}; messages of that call "
                                      "may still be in flight, so it takes no more calls: make a new Communicator")
+
+
+class ConcurrentUseError(MpiringError, RuntimeError):
+    """A second thread called a Communicator (its first caller's). Calls must come in the same
+    order on every rank, which two threads cannot promise, so the communicator breaks on this
+    rank (later calls raise CommunicatorBrokenError) rather than mix the threads' data."""
+
+    def __init__(self, collective: str) -> None:
+        self.collective = collective
+        super().__init__(f"{collective}: called from a second thread; a Communicator serves the thread that "
+                         "first called it (make one per thread), and this one is now broken on this rank")

@@ -14,6 +14,7 @@ All waiting happens in `Ring.complete`, the one place a timeout belongs.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
-from mpiring.errors import CollectiveTimeout, CommunicationError
+from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError
 
 # Each collective call takes the next tag, so messages of two calls in flight at once
 # (nonblocking collectives), or of a call abandoned on some rank, never match another call's
@@ -141,13 +142,29 @@ class Ring:
         self.tag_space = (max(int(tag_ub) if tag_ub else 0, _MIN_TAG_UB) + 1) // 2
         # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
-        self._calls = 0
+        self.calls = 0  # collective calls made so far; each took a tag
         self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
         self.in_flight: list[CollectiveRequest] = []
         # why this rank may have messages of an abandoned call in flight (the Communicator then
         # refuses every later call: those messages could match a later call's receives)
         self.broken: str | None = None
+        self._owner: int | None = None  # the thread that made the first call (see `claim`)
+
+    def claim(self, collective: str) -> None:  # collective: its name, or its builder's (`_allreduce`)
+        """Check that this call comes from the ring's thread: the first one to call it.
+
+        Calls must come in the same order on every rank. Two threads sharing a communicator
+        interleave their calls differently on each rank, so their data would mix silently
+        (even without overlapping calls): a second thread's call breaks the ring instead.
+        """
+        thread = threading.get_ident()
+        if self._owner is None:
+            self._owner = thread
+        elif self._owner != thread:
+            collective = collective.lstrip("_")
+            self.broken = self.broken or f"{collective} (called from a second thread)"
+            raise ConcurrentUseError(collective)
 
     def abandon(self, call: Call, error: BaseException) -> None:
         """Record that `call` failed with messages possibly in flight (the first cause is kept)."""
@@ -177,16 +194,11 @@ class Ring:
     def rank_at(self, position: int, root: int) -> int:
         return (root + position) % self.size
 
-    @property
-    def calls(self) -> int:
-        """Collective calls made so far (each took a tag)."""
-        return self._calls
-
     def next_tag(self) -> int:
         """A tag for the next collective call, in [1, tag_space); every rank calls collectives
         in the same order, and every call takes one, even one that raises."""
-        self._calls += 1
-        return self._calls % (self.tag_space - 1) + 1
+        self.calls += 1
+        return self.calls % (self.tag_space - 1) + 1
 
     def post(
         self,
@@ -268,7 +280,7 @@ class Ring:
         pause = 0.0
         while not self.is_complete(step, call):
             for request in [r for r in self.in_flight if r is not waiting]:
-                request.test()
+                request.progress()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 self._raise_timeout(step, call)
@@ -394,6 +406,13 @@ class CollectiveRequest:
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True once the collective is done."""
+        if self._done:
+            return True
+        self._ring.claim(self._call.collective)
+        return self.progress()
+
+    def progress(self) -> bool:
+        """test() for the thread already inside this ring (a wait that advances the others)."""
         try:
             while not self._done and self._ring.is_complete(self._step, self._call):
                 self._advance()
@@ -404,6 +423,9 @@ class CollectiveRequest:
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
+        if self._done:
+            return self._result
+        self._ring.claim(self._call.collective)
         try:
             while not self._done:
                 self._ring.wait_step(self._step, self._call, self)

@@ -22,7 +22,7 @@ _DTYPE_NAMES = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
 
 def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, split: bool = False) -> Any:
     """`x` as an array of a supported dtype; with split=True it must have an axis 0 to split."""
-    if isinstance(x, numpy.ma.MaskedArray):
+    if type(x) is not numpy.ndarray and isinstance(x, numpy.ma.MaskedArray):  # plain arrays skip the lookup
         raise ArgumentTypeError(collective, name, "masked arrays are not supported (the mask would be dropped "
                                 "and masked values reduced): pass x.filled(value) or x.data")
     try:

@@ -85,6 +85,10 @@ ROWS: list[Row] = [
         "abandoned call cannot match the next one. A reduce's other ranks finish, and the next reduce is right on "
         "every rank; in an all-reduce the others time out and break (below), and the rejecting rank's next call "
         "times out too", min_ranks=2),
+    Row("threads", "one `Communicator` called from two threads (taking turns or at once)",
+        "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
+        "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "
+        "is now broken on this rank`; no call returns another thread's data. One communicator per thread works"),
     Row("result-early", "`request.result` read before `test()` returned True or `wait()` returned",
         "`RuntimeError`: `allreduce is still in flight: call wait() or test() first`", min_ranks=2),
     # ---- ranks that disagree ----

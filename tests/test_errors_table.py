@@ -254,6 +254,35 @@ def _(comm):
     _usable(comm)
 
 
+@row("threads")
+def _(comm):
+    import threading
+
+    shared = _fresh(timeout=T)
+    _usable(shared)  # the main thread made the first call: the communicator is the main thread's
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(attempt(lambda: shared.allreduce(np.ones(2)))))
+    worker.start()
+    worker.join()
+    assert outcome[0].error == "ConcurrentUseError" and "second thread" in outcome[0].message, outcome
+    after = attempt(lambda: shared.allreduce(np.ones(2)))  # broken on every rank: no one is left waiting
+    assert after.error == "CommunicatorBrokenError", after
+    # one communicator per thread: both threads run their own calls alongside each other
+    mine = [_fresh(timeout=30), _fresh(timeout=30)]
+    sums: list = [None, None]
+
+    def run(k: int) -> None:
+        sums[k] = [mine[k].allreduce(np.full(3, 10.0 ** k * (RANK + 1)))[0] for _ in range(20)]
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sums == [[N * (N + 1) / 2] * 20, [10 * N * (N + 1) / 2] * 20], sums
+    _usable(comm)
+
+
 @row("result-early")
 def _(comm):
     request = comm.iallreduce(np.ones(2))
