@@ -26,6 +26,7 @@ allocation's size, though a process started there is a legitimate singleton.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 
@@ -130,3 +131,20 @@ def share_cores_among_local_ranks(environ: dict[str, str] | None = None, cores: 
     share = str(max(1, (cores or os.cpu_count() or 1) // local))
     for name in _THREAD_VARIABLES:
         env.setdefault(name, share)
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher tells it, before MPI starts (0 outside mpirun)."""
+    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
+
+
+class RankZeroArgumentParser(argparse.ArgumentParser):
+    """argparse that speaks only on rank 0: under mpirun every rank parses the same flags (and
+    exits on an error), one prints."""
+
+    def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001 - argparse's signature
+        if launcher_rank() == 0:
+            super()._print_message(message, file)

@@ -19,21 +19,8 @@ import sys
 import time
 import traceback
 
-
-def launcher_rank() -> int:
-    """This process's rank as the MPI launcher tells it, before MPI starts (0 if not launched)."""
-    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if os.environ.get(variable, "").isdigit():
-            return int(os.environ[variable])
-    return 0
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, heard from rank 0 only: every rank parses (and exits on an error), one speaks."""
-
-    def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001
-        if launcher_rank() == 0:
-            super()._print_message(message, file)
+import mpiring
+from mpiring.launch import RankZeroArgumentParser, launcher_rank
 
 
 def _count(minimum: int):  # noqa: ANN202
@@ -61,7 +48,7 @@ def _fraction(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = RankZeroArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategy", choices=("ddp", "zero1", "zero2", "zero3"), default="zero3",
                    help="what to shard: ddp nothing; zero1 optimizer state; zero2 + gradients; "
                         "zero3 + parameters (default: %(default)s)")
@@ -121,7 +108,6 @@ def _check_output(path: str | None, flag: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import mpiring  # starts MPI: after parsing, so --help and bad flags never need it
     from mpiring.training import TrainConfig, TrainingError, default_text, read_text, train
     from mpiring.training.errors import agree
     from mpiring.training.report import format_summary, summarize, write_json

@@ -15,6 +15,7 @@ from typing import Any
 import numpy
 
 from mpiring.backend import SUPPORTED_DTYPES
+from mpiring.launch import RankZeroArgumentParser
 from mpiring.ops import OPS, SUM, op_problem
 
 COLLECTIVE_NAMES = (
@@ -66,22 +67,6 @@ def format_bytes(n: int) -> str:
     return str(n)
 
 
-def launcher_rank() -> int:
-    """This process's rank as the launcher tells it, before MPI starts (0 outside mpirun)."""
-    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if os.environ.get(variable, "").isdigit():
-            return int(os.environ[variable])
-    return 0
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that speaks only on rank 0: under mpirun every rank parses the same flags."""
-
-    def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001 - argparse's signature
-        if launcher_rank() == 0:
-            super()._print_message(message, file)
-
-
 def _positive(kind: type) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         value = kind(text)
@@ -100,7 +85,7 @@ def _nonnegative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = RankZeroArgumentParser(
         prog=PROG,
         description="mpiring's collectives against mpi4py's native ones and a point-to-point ceiling, "
         "nccl-tests style. Run under mpirun, e.g.  mpirun -n 4 python -m mpiring.bench -c allreduce -e 16M",
