@@ -10,13 +10,17 @@
 #   .gpu-src/  openmpi_*.orig.tar.xz (Debian's source of Open MPI) and mpi4py-*.tar.gz, for "ompi"
 # Writes every log under $OUT (packed into $OUT/logs.tgz at the end); prints a short summary last.
 # Each phase has its own time limit, and the whole run stops starting phases past $DEADLINE
-# seconds (default 560). DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES pick the world sizes of "direct".
+# seconds (default 560). DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES pick the world sizes of "direct",
+# GPUTEST_SIZES those of "gputests" (default 1 2 4). "repeat4" (MPICH) and "ompi4" (the CUDA-aware
+# Open MPI; needs "ompi" first in the same call) run the GPU tests at 4 ranks again and again:
+# MPICH_REPEATS / OMPI_REPEATS times at most (default 5 / 3), within REPEAT4_LIMIT / OMPI4_LIMIT s.
 # What it found on an H100, and the exact calls made: docs/gpu.md.
 set -uo pipefail
 OUT=${OUT:-results/gpu}
 DEADLINE=${DEADLINE:-560}
 mkdir -p "$OUT"; export OUT
 START=$SECONDS
+GPU_TESTS="tests/test_gpu.py tests/test_gpu_path_selection.py tests/test_gpu_ipc.py"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -31,9 +35,9 @@ phase() {
     ((limit > left)) && limit=$left
     echo "=== $name (limit ${limit}s) ==="
     local t0=$SECONDS
-    timeout -k 5 "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
+    PHASE_END=$(($(date +%s) + limit)) timeout -k 5 "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
     local rc=$?
-    note "$name: rc=$rc $((SECONDS - t0))s $(grep -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/$name.log" | tail -1)"
+    note "$name: rc=$rc $((SECONDS - t0))s $(grep -a -E '^[0-9]+ passed, [0-9]+ failed' "$OUT/$name.log" | tail -1)"
 }
 
 install_wheels() {
@@ -92,9 +96,35 @@ with_ompi() {
     export MPI4PY_MPIABI=openmpi PYTHONPATH=/tmp/site:$PWD
 }
 
-direct() {
+wait_ompi() {
     for _ in $(seq 1 400); do grep -q -E "OMPI_BUILT|FAILED" "$OUT/ompi-build.log" 2>/dev/null && break; sleep 1; done
     grep -q OMPI_BUILT "$OUT/ompi-build.log" || { echo "no CUDA-aware Open MPI was built"; return 1; }
+}
+
+# repeat_tests LABEL REPEATS TEST...: the GPU tests at $REPEAT_SIZE ranks (default 4), REPEATS
+# times at most, starting a repeat only while one more fits before the phase's end ($PHASE_END,
+# seconds since the epoch). A stall raises CollectiveTimeout (tests/test_gpu.py: 120 s) or trips
+# pytest-timeout at 150 s, which dumps every thread's stack. One summary line per repeat; the pool
+# test's per-rank warm-up lengths go to $OUT/pool-warmup.txt.
+repeat_tests() {
+    local label=$1 repeats=$2; shift 2
+    local last=0 i t0 line
+    export MPIRING_GPU_TEST_REPORT=$OUT/pool-warmup.txt
+    for i in $(seq 1 "$repeats"); do
+        if (($(date +%s) + last + 15 > PHASE_END)); then echo "$label repeat $i: not started (time)"; break; fi
+        t0=$(date +%s)
+        python3 tests/run_world_sizes.py --no-serial --test-timeout 150 --sizes "${REPEAT_SIZE:-4}" -- "$@" \
+            > "$OUT/$label-repeat-$i.log" 2>&1
+        last=$(($(date +%s) - t0))
+        line=$(grep -a -E "world size" "$OUT/$label-repeat-$i.log" | tail -1)   # -a: Open MPI logs hold NULs
+        echo "$label repeat $i (${last}s):$line" | tee -a "$OUT/summary.txt"
+        grep -q -a -E "FAIL|CollectiveTimeout|Timeout" "$OUT/$label-repeat-$i.log" && \
+            grep -a -E -B2 -A30 "CollectiveTimeout|Timeout \+|FAILED|Error" "$OUT/$label-repeat-$i.log" | head -80
+    done
+}
+
+direct() {
+    wait_ompi || return 1
     with_ompi
     python3 -c "from mpi4py import MPI; print(MPI.Get_library_version())" || {
         echo "the mpi4py wheel does not load this Open MPI: building mpi4py from source";
@@ -115,7 +145,9 @@ run_phases() {
             ompi) (setsid bash -c "$(declare -f build_ompi); build_ompi; echo rc=\$? FAILED_IF_NOT_BUILT" \
                     > "$OUT/ompi-build.log" 2>&1 &) ;;
             info) phase info 60 "$(declare -f use_mpich); use_mpich; python3 -m mpiring info; MPIRING_DEBUG=1 mpirun -n 4 python3 -m mpiring info" ;;
-            gputests) phase gputests 240 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --no-serial --sizes 1 2 4 -- tests/test_gpu.py tests/test_gpu_path_selection.py tests/test_gpu_ipc.py" ;;
+            gputests) phase gputests 500 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --no-serial --test-timeout 150 --sizes ${GPUTEST_SIZES:-1 2 4} -- $GPU_TESTS" ;;
+            repeat4) phase repeat4 "${REPEAT4_LIMIT:-560}" "$(declare -f use_mpich repeat_tests); use_mpich; repeat_tests mpich ${MPICH_REPEATS:-5} $GPU_TESTS" ;;
+            ompi4) phase ompi4 "${OMPI4_LIMIT:-560}" "$(declare -f with_ompi wait_ompi repeat_tests); wait_ompi && with_ompi && repeat_tests ompi ${OMPI_REPEATS:-3} tests/test_gpu.py" ;;
             suite) phase suite 400 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --sizes 1 2 4 -- -k 'not slurm'" ;;
             check2) phase check2 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.gpu.check --json $OUT/check2.json" ;;
             check4) phase check4 120 "$(declare -f use_mpich); use_mpich; mpirun -n 4 python3 -m mpiring.gpu.check --json $OUT/check4.json" ;;
