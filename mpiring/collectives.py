@@ -19,6 +19,9 @@ from mpiring.ring import Call, Ring, Steps, bounds_from_counts, split_bounds
 from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 
+# Every collective, in the order the API lists them.
+NAMES = ("broadcast", "reduce", "allreduce", "gather", "allgather", "scatter", "reduce_scatter", "barrier")
+
 # Per-rank record of the layout exchange that gather and allgather run first.
 LAYOUT_FIELDS = 3  # rows, signature (dtype and trailing shape), state of out= (see below)
 LAYOUT_BYTES = LAYOUT_FIELDS * 8
@@ -163,8 +166,10 @@ def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: st
     return target.result()
 
 
-def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
-    rows = yield from _exchange_layout(ring, call, x, out, True, backend)
+def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int] | None = None) -> Steps:
+    """`rows`: every rank's row count when the caller knows them (out= declared them)."""
+    if rows is None:
+        rows = yield from _exchange_layout(ring, call, x, out, True, backend)
     target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
     bounds = bounds_from_counts(rows, _row_size(x.shape))
     r = ring.rank
@@ -173,9 +178,12 @@ def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -
     return target.result()
 
 
-def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any) -> Steps:
+def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
+           rows: list[int] | None = None) -> Steps:
+    """`rows`: every rank's row count when the caller knows them (counts=)."""
     is_root = ring.rank == root
-    rows = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
+    if rows is None:
+        rows = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
     total_shape = (sum(rows), *x.shape[1:])
     target = Output(backend, out, total_shape, x.dtype, source=x) if is_root else None
     bounds = bounds_from_counts(rows, _row_size(x.shape))
@@ -186,9 +194,33 @@ def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out
 
 
 def scatter(
-    ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any, root_problem: ArgumentError | None
+    ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any, root_problem: ArgumentError | None,
+    counts: list[int] | None = None, layout: tuple[tuple[int, ...], Any] | None = None,
 ) -> Steps:
-    """`x` matters on the root only; a problem with it there is sent to every rank in the header."""
+    """`x` matters on the root only; a problem with it there is sent to every rank in the header.
+
+    `layout` (the whole shape and the dtype, known to every rank through counts=) skips the
+    header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
+    """
+    if layout is None:
+        shape, dtype = yield from _scatter_header(ring, backend, call, x, root, root_problem)
+    else:
+        shape, dtype = layout
+    rows = split_bounds(shape[0], ring.size) if counts is None else bounds_from_counts(counts)
+    r = ring.rank
+    mine_shape = (rows[r + 1] - rows[r], *shape[1:])
+    check_out("scatter", out, mine_shape, dtype, backend)
+    target = Output(backend, out, mine_shape, dtype, source=x if ring.rank == root else None)
+    bounds = [b * _row_size(shape) for b in rows]
+    src = backend.flat(x) if ring.rank == root else None
+    algorithm = _algorithm(ring, call, bounds[-1] * dtype.itemsize)
+    yield from algorithm(ring, backend, call.tag, root, src, target.flat, bounds)
+    return target.result()
+
+
+def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
+                    root_problem: ArgumentError | None) -> Steps:
+    """The root tells every rank the shape and dtype of x (or that it rejected x)."""
     header = NUMPY.empty(HEADER_BYTES // 8, NUMPY.xp.int64)
     if ring.rank == root:
         header[:] = 0
@@ -203,20 +235,10 @@ def scatter(
             raise root_problem
         raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
     ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
-    shape = tuple(int(n) for n in header[3 : 3 + ndim])
-    rows = split_bounds(shape[0], ring.size)
-    r = ring.rank
-    mine_shape = (rows[r + 1] - rows[r], *shape[1:])
-    check_out("scatter", out, mine_shape, dtype, backend)
-    target = Output(backend, out, mine_shape, dtype, source=x if ring.rank == root else None)
-    bounds = [b * _row_size(shape) for b in rows]
-    src = backend.flat(x) if ring.rank == root else None
-    algorithm = _algorithm(ring, call, bounds[-1] * dtype.itemsize)
-    yield from algorithm(ring, backend, call.tag, root, src, target.flat, bounds)
-    return target.result()
+    return tuple(int(n) for n in header[3 : 3 + ndim]), dtype
 
 
-def barrier(ring: Ring, call: Call) -> Steps:
+def barrier(ring: Ring, backend: NumpyBackend, call: Call) -> Steps:  # backend: the same signature as the others
     yield from _algorithm(ring, call, 0)(ring, call.tag)
 
 

@@ -10,18 +10,42 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from threading import get_ident
+from typing import Any, NamedTuple
 
+import numpy
 from mpi4py import MPI
 
 from mpiring import collectives, consistency
 from mpiring.backend import NUMPY, backend_for
+from mpiring.engine.executor import PersistentRequest, run_plan
+from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.errors import ArgumentError, CommunicationError, CommunicatorBrokenError, CommunicatorFreedError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
 from mpiring.selection import read_environment
-from mpiring.validation import check_algorithm, check_array, check_op, check_out, check_root, check_timeout
+from mpiring.validation import (
+    check_algorithm,
+    check_array,
+    check_counts,
+    check_op,
+    check_out,
+    check_root,
+    check_timeout,
+)
+
+
+class Built(NamedTuple):
+    """What a builder returns: what running the call needs."""
+
+    call: Call
+    backend: Any
+    body: Callable[[Any], Steps]  # the call's steps for a backend (its own, or a plan's recorder)
+    plannable: bool  # whether it may be recorded as a plan
+    exchanging: bool = False  # whether it exchanges a layout before the data (see Ring.blocking_tag)
+_NDARRAY = numpy.ndarray
 
 
 class Communicator:
@@ -63,6 +87,8 @@ class Communicator:
         self._ring = Ring(private)
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
+        self._plans = PlanCache()
+        self._builders = {name: getattr(self, "_" + name) for name in collectives.NAMES}
 
     @property
     def rank(self) -> int:
@@ -89,6 +115,7 @@ class Communicator:
         """
         if not self._freed:
             self._freed = True
+            self._plans.clear(keep=self._ring.abandoned)
             self._ring.comm.Free()
 
     def __enter__(self) -> Communicator:
@@ -97,54 +124,127 @@ class Communicator:
     def __exit__(self, *exc_info: object) -> None:
         self.free()
 
-    # ---- plumbing: every public method is one of these two around a builder below ----
+    # ---- plumbing ----
+    #
+    # A blocking call first looks for a plan of its call shape (the collective, the identity of
+    # its arrays, op, root and algorithm). Found, the call runs it: a few checks, the starts and
+    # waits, and the arithmetic. Not found, a builder checks the arguments and makes the call's
+    # generator of steps; a host call whose layout every rank knows alone is recorded as a plan,
+    # kept and run, any other call runs its generator. Nonblocking calls run their generator.
 
     def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
               root: Any = None) -> Call:
-        if self._freed:
-            raise CommunicatorFreedError(collective)
-        if self._ring.broken is not None:
-            raise CommunicatorBrokenError(collective, self._ring.broken)
+        self._usable(collective)
         algorithm = check_algorithm(collective, algorithm)
         timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
-        call = Call(collective, algorithm, self._ring.next_tag(), timeout)
+        call = Call(collective, algorithm, self._ring.next_tag(), timeout, checked=(x, op, root))
         if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op and root first
             self._check.compare(call, x, op, root)  # its exchange, like every call, breaks the ring on failure
         return call
 
-    def _build(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> tuple[Call, Steps]:
-        """Run a builder. A call that raises before it took its sequence number (a bad argument
-        on some ranks only) takes it anyway, so every rank's next call has the same number and
-        no message of this call can ever be matched by the next one. Only the communicator's
-        own thread may call (Ring.claim)."""
-        self._ring.claim(builder.__name__)
+    def _usable(self, collective: str) -> None:
+        if self._freed:
+            raise CommunicatorFreedError(collective)
+        if self._ring.broken is not None:
+            raise CommunicatorBrokenError(collective, self._ring.broken)
+
+    def _build(self, collective: str, *args: Any) -> Built:
+        """Run a collective's builder. A call that raises before it took its sequence number (a
+        bad argument on some ranks only) takes it anyway, so every rank's next call has the same
+        number and no message of this call can ever be matched by the next one. Only the
+        communicator's own thread may call (Ring.claim)."""
+        self._ring.claim(collective)
         taken = self._ring.calls
         try:
-            return builder(*args)
+            return self._builders[collective](*args)
         except BaseException:
             if self._ring.calls == taken:
                 self._ring.next_tag()
             raise
 
-    def _wait(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> Any:
-        call, steps = self._build(builder, *args)
-        return run_to_end(self._ring, steps, call)
+    def _blocking(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any, algorithm: Any,
+                  timeout: Any) -> Any:
+        ring = self._ring
+        plans = self._plans.table
+        try:
+            key = (collective, id(x), id(out), op, root, counts, algorithm)
+            known = plans.get(key)
+        except TypeError:  # an unhashable op, root, counts or algorithm: the builder's checks name it
+            key, known = None, None
+        try:
+            # A plan only stays cached while the communicator is usable (see _failed and free).
+            # The same arrays may have had their shape or dtype reassigned in place: compare them.
+            if (known.__class__ is Plan and ring.owner == get_ident()
+                    and (x is None or (x.shape == known.x_shape and x.dtype is known.x_dtype))
+                    and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))):
+                plans.move_to_end(key)  # least recently used is evicted first
+                ring.calls += 1  # keeps the ranks' sequence numbers together, as a built call does
+                if self._check is not None:
+                    self._check.compare(known.call, *known.call.checked)
+                return run_plan(ring, known, self.timeout if timeout is None else check_timeout(collective, timeout))
+            built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
+            call = built.call
+            call.tag = ring.blocking_tag(built.exchanging)
+            if built.plannable and key is not None and _caller_arrays(x, out):
+                if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
+                    plan = build_plan(ring, built.backend, call, built.body)
+                    plan.bind(x, out)
+                    self._plans.add(key, plan)
+                    return run_plan(ring, plan, call.timeout)
+                self._plans.add(key, Sighting(x, out))
+            return run_to_end(ring, built.body(built.backend), call)
+        except BaseException:
+            self._failed()
+            raise
 
-    def _start(self, builder: Callable[..., tuple[Call, Steps]], *args: Any) -> CollectiveRequest:
-        call, steps = self._build(builder, *args)
-        return CollectiveRequest(self._ring, steps, call)
+    def _failed(self) -> None:
+        """A call raised here: later blocking calls take a new tag (Ring.blocking_tag), so
+        none of them can match a message the other ranks sent for this one."""
+        self._ring.failures += 1
+        self._plans.clear(keep=self._ring.abandoned)  # their requests carry the old tag
 
-    # ---- the collectives: builders check arguments and return (call, steps) ----
+    def _start(self, collective: str, *args: Any) -> CollectiveRequest:
+        try:
+            built = self._build(collective, *args)
+            return CollectiveRequest(self._ring, built.body(built.backend), built.call)
+        except BaseException:
+            self._failed()
+            raise
 
-    def _broadcast(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _persistent(self, collective: str, x: Any, out: Any, *args: Any) -> PersistentRequest:
+        ring = self._ring
+        try:
+            call, backend, body, plannable, _ = self._build(collective, x, out, *args)
+            plan = None
+            if plannable and _caller_arrays(x, out):
+                call.tag = ring.persistent_tag()
+                plan = build_plan(ring, backend, call, body)
+                plan.bind(x, out)
+        except BaseException:
+            self._failed()
+            raise
+
+        def started() -> None:  # what every call checks, for each start
+            self._usable(call.collective)
+            ring.claim(call.collective)
+            ring.calls += 1
+            if self._check is not None:
+                self._check.compare(call, *call.checked)
+
+        return PersistentRequest(ring, call, plan, lambda: body(backend), started)
+
+    # ---- the collectives: builders check arguments and return what running the call needs ----
+
+    def _broadcast(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("broadcast", "x", x, backend)
         root = check_root("broadcast", root, self.size)
         out = check_out("broadcast", out, x.shape, x.dtype, backend)
         call = self._call("broadcast", algorithm, timeout, x, None, root)
-        return call, collectives.broadcast(self._ring, backend, call, x, root, out)
+        body = partial(collectives.broadcast, self._ring, call=call, x=x, root=root, out=out)
+        return Built(call, backend, body, _plannable(backend, x, out))
 
-    def _reduce(self, x, op, root, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _reduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("reduce", "x", x, backend)
         op = check_op("reduce", op, x.dtype)
@@ -152,140 +252,256 @@ class Communicator:
         if self.rank == root:
             out = check_out("reduce", out, x.shape, x.dtype, backend)
         call = self._call("reduce", algorithm, timeout, x, op, root)
-        return call, collectives.reduce(self._ring, backend, call, x, op, root, out)
+        body = partial(collectives.reduce, self._ring, call=call, x=x, op=op, root=root, out=out)
+        return Built(call, backend, body, _plannable(backend, x, out))
 
-    def _allreduce(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _allreduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("allreduce", "x", x, backend)
         op = check_op("allreduce", op, x.dtype)
         out = check_out("allreduce", out, x.shape, x.dtype, backend)
         call = self._call("allreduce", algorithm, timeout, x, op)
-        return call, collectives.allreduce(self._ring, backend, call, x, op, out)
+        body = partial(collectives.allreduce, self._ring, call=call, x=x, op=op, out=out)
+        return Built(call, backend, body, _plannable(backend, x, out))
 
-    def _gather(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _gather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("gather", "x", x, backend, split=True)
         root = check_root("gather", root, self.size)
+        rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend, uniform_out=False)
         call = self._call("gather", algorithm, timeout, x, None, root)
-        return call, collectives.gather(self._ring, backend, call, x, root, out)
+        body = partial(collectives.gather, self._ring, call=call, x=x, root=root, out=out, rows=rows)
+        return Built(call, backend, body, rows is not None and _plannable(backend, x, out), rows is None)
 
-    def _allgather(self, x, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _allgather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("allgather", "x", x, backend, split=True)
+        rows = self._known_rows("allgather", x, out, counts, backend, uniform_out=True)
         call = self._call("allgather", algorithm, timeout, x)
-        return call, collectives.allgather(self._ring, backend, call, x, out)
+        body = partial(collectives.allgather, self._ring, call=call, x=x, out=out, rows=rows)
+        return Built(call, backend, body, rows is not None and _plannable(backend, x, out), rows is None)
 
-    def _scatter(self, x, root, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _known_rows(self, collective: str, x: Any, out: Any, counts: Any, backend: Any,
+                    uniform_out: bool) -> list[int] | None:
+        """Every rank's row count when this rank knows them alone, else None (they are exchanged).
+
+        `counts=` gives them. For all-gather, an out= with size times x's rows says every rank
+        passes as many rows as this one. Either way the ranks must agree; a rank that exchanges
+        and one that does not use different tags (Ring.blocking_tag), so they time out rather
+        than mix a layout with data.
+        """
+        counts = check_counts(collective, counts, self.size)
+        if counts is not None:
+            if x.shape[0] != counts[self.rank]:
+                raise ArgumentError(collective, "counts", f"gives rank {self.rank} {counts[self.rank]} rows "
+                                    f"but its x has {x.shape[0]}")
+        elif (uniform_out and out is not None and backend.is_array(out) and out.ndim == x.ndim
+              and out.shape[0] == self.size * x.shape[0]):
+            counts = [x.shape[0]] * self.size
+        else:
+            return None
+        check_out(collective, out, (sum(counts), *x.shape[1:]), x.dtype, backend)
+        return list(counts)
+
+    def _scatter(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         root = check_root("scatter", root, self.size)
+        counts = check_counts("scatter", counts, self.size)
         backend = backend_for(out) if out is not None else NUMPY
-        root_problem = None
+        root_problem, layout = None, None
         if self.rank == root:
             backend = backend_for(x)
             try:
                 x = check_array("scatter", "x", x, backend, split=True)
+                if counts is not None and sum(counts) != x.shape[0]:
+                    raise ArgumentError("scatter", "counts", f"add up to {sum(counts)} rows but x has {x.shape[0]}")
             except ArgumentError as problem:
-                root_problem = problem  # every rank must hear of it, or they would wait for data
+                if counts is not None:
+                    raise  # no header goes out with counts=: the other ranks time out
+                root_problem = problem  # every rank must hear of it in the header, or they would wait for data
+            if counts is not None:
+                layout = (x.shape, x.dtype)
+        elif counts is not None:
+            if out is None or not backend.is_array(out) or out.ndim == 0:
+                raise ArgumentError("scatter", "out", "must be given on every rank with counts= (it gives the "
+                                    "dtype and row shape, which only the root's x has)")
+            layout = ((sum(counts), *out.shape[1:]), out.dtype)
         call = self._call("scatter", algorithm, timeout, None, None, root)
-        return call, collectives.scatter(self._ring, backend, call, x, root, out, root_problem)
+        body = partial(collectives.scatter, self._ring, call=call, x=x, root=root, out=out, root_problem=root_problem,
+                       counts=counts, layout=layout)
+        plannable = layout is not None and (self.rank != root or _plannable(backend, x, out)) and (
+            out is None or type(out) is _NDARRAY) and backend is NUMPY
+        return Built(call, backend, body, plannable, layout is None)
 
-    def _reduce_scatter(self, x, op, out, algorithm, timeout) -> tuple[Call, Steps]:
+    def _reduce_scatter(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("reduce_scatter", "x", x, backend, split=True)
         op = check_op("reduce_scatter", op, x.dtype)
         call = self._call("reduce_scatter", algorithm, timeout, x, op)
-        return call, collectives.reduce_scatter(self._ring, backend, call, x, op, out)
+        body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out)
+        return Built(call, backend, body, _plannable(backend, x, out))
 
-    def _barrier(self, algorithm, timeout) -> tuple[Call, Steps]:
+    def _barrier(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         call = self._call("barrier", algorithm, timeout)
-        return call, collectives.barrier(self._ring, call)
+        return Built(call, NUMPY, partial(collectives.barrier, self._ring, call=call), True)
 
     # ---- blocking ----
 
     def broadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets root's `x`. Every rank passes an array of root's shape and dtype."""
-        return self._wait(self._broadcast, x, root, out, algorithm, timeout)
+        return self._blocking("broadcast", x, out, None, root, None, algorithm, timeout)
 
     def reduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> Any:
         """The root gets the elementwise reduction of every rank's `x`; other ranks get None."""
-        return self._wait(self._reduce, x, op, root, out, algorithm, timeout)
+        return self._blocking("reduce", x, out, op, root, None, algorithm, timeout)
 
     def allreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
         """Every rank gets the elementwise reduction of every rank's `x` (bitwise the same)."""
-        return self._wait(self._allreduce, x, op, out, algorithm, timeout)
+        return self._blocking("allreduce", x, out, op, None, None, algorithm, timeout)
 
-    def gather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+    def gather(self, x: Any, root: int = 0, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
                timeout: float | None = None) -> Any:
         """The root gets every rank's `x` concatenated along axis 0 in rank order; others get None.
 
         Ranks may pass different numbers of rows; the other dimensions and the dtype must agree.
+        `counts=` (every rank's rows, the same list on every rank) saves the exchange of row counts.
         """
-        return self._wait(self._gather, x, root, out, algorithm, timeout)
+        return self._blocking("gather", x, out, None, root, _key(counts), algorithm, timeout)
 
-    def allgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+    def allgather(self, x: Any, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
                   timeout: float | None = None) -> Any:
-        """Every rank gets every rank's `x` concatenated along axis 0 in rank order."""
-        return self._wait(self._allgather, x, out, algorithm, timeout)
+        """Every rank gets every rank's `x` concatenated along axis 0 in rank order.
 
-    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                timeout: float | None = None) -> Any:
+        Ranks may pass different numbers of rows. `counts=` (every rank's rows, the same on every
+        rank), or an `out=` with size times x's rows on every rank (every rank passes as many
+        rows), saves the exchange of row counts.
+        """
+        return self._blocking("allgather", x, out, None, None, _key(counts), algorithm, timeout)
+
+    def scatter(self, x: Any = None, root: int = 0, *, out: Any = None, counts: Any = None,
+                algorithm: str | None = None, timeout: float | None = None) -> Any:
         """Root's `x` is split along axis 0 as numpy.array_split does; rank r gets part r.
 
-        Non-root ranks pass None (anything they pass is ignored).
+        Non-root ranks pass None (anything they pass is ignored). With `counts=` (the rows of
+        each part, the same on every rank) rank r gets counts[r] rows, and every rank passes
+        `out=`; the call then skips the header the root otherwise sends first.
         """
-        return self._wait(self._scatter, x, root, out, algorithm, timeout)
+        x = x if root == self.rank else None  # ignored off the root: kept out of the plan's key
+        return self._blocking("scatter", x, out, None, root, _key(counts), algorithm, timeout)
 
     def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                        timeout: float | None = None) -> Any:
         """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
-        return self._wait(self._reduce_scatter, x, op, out, algorithm, timeout)
+        return self._blocking("reduce_scatter", x, out, op, None, None, algorithm, timeout)
 
     def barrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> None:
         """Return only once every rank has entered the barrier."""
-        self._wait(self._barrier, algorithm, timeout)
+        self._blocking("barrier", None, None, None, None, None, algorithm, timeout)
 
     # ---- nonblocking: same arguments, return a request; wait() returns the result ----
 
     def ibroadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `broadcast`."""
-        return self._start(self._broadcast, x, root, out, algorithm, timeout)
+        return self._start("broadcast", x, out, None, root, None, algorithm, timeout)
 
     def ireduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce`."""
-        return self._start(self._reduce, x, op, root, out, algorithm, timeout)
+        return self._start("reduce", x, out, op, root, None, algorithm, timeout)
 
     def iallreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `allreduce`."""
-        return self._start(self._allreduce, x, op, out, algorithm, timeout)
+        return self._start("allreduce", x, out, op, None, None, algorithm, timeout)
 
-    def igather(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+    def igather(self, x: Any, root: int = 0, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
                 timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `gather`."""
-        return self._start(self._gather, x, root, out, algorithm, timeout)
+        return self._start("gather", x, out, None, root, counts, algorithm, timeout)
 
-    def iallgather(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+    def iallgather(self, x: Any, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
                    timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `allgather`."""
-        return self._start(self._allgather, x, out, algorithm, timeout)
+        return self._start("allgather", x, out, None, None, counts, algorithm, timeout)
 
-    def iscatter(self, x: Any = None, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                 timeout: float | None = None) -> CollectiveRequest:
+    def iscatter(self, x: Any = None, root: int = 0, *, out: Any = None, counts: Any = None,
+                 algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `scatter`."""
-        return self._start(self._scatter, x, root, out, algorithm, timeout)
+        return self._start("scatter", x, out, None, root, counts, algorithm, timeout)
 
     def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
                         timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce_scatter`."""
-        return self._start(self._reduce_scatter, x, op, out, algorithm, timeout)
+        return self._start("reduce_scatter", x, out, op, None, None, algorithm, timeout)
 
     def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `barrier`: wait() returns once every rank has entered."""
-        return self._start(self._barrier, algorithm, timeout)
+        return self._start("barrier", None, None, None, None, None, algorithm, timeout)
+
+    # ---- persistent (MPI-4): made once, collectively; then start() and wait() per use ----
+
+    def broadcast_init(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                       timeout: float | None = None) -> PersistentRequest:
+        """Persistent `broadcast`: each start() broadcasts root's contents of `x` at that time."""
+        return self._persistent("broadcast", x, out, None, root, None, algorithm, timeout)
+
+    def reduce_init(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
+                    timeout: float | None = None) -> PersistentRequest:
+        """Persistent `reduce`."""
+        return self._persistent("reduce", x, out, op, root, None, algorithm, timeout)
+
+    def allreduce_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                       timeout: float | None = None) -> PersistentRequest:
+        """Persistent `allreduce`: `req = comm.allreduce_init(x, out=y)`, then `req.start()` and
+        `req.wait()` per use, with new contents in `x` each time."""
+        return self._persistent("allreduce", x, out, op, None, None, algorithm, timeout)
+
+    def gather_init(self, x: Any, root: int = 0, *, out: Any = None, counts: Any = None,
+                    algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
+        """Persistent `gather`."""
+        return self._persistent("gather", x, out, None, root, counts, algorithm, timeout)
+
+    def allgather_init(self, x: Any, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
+                       timeout: float | None = None) -> PersistentRequest:
+        """Persistent `allgather`."""
+        return self._persistent("allgather", x, out, None, None, counts, algorithm, timeout)
+
+    def scatter_init(self, x: Any = None, root: int = 0, *, out: Any = None, counts: Any = None,
+                     algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
+        """Persistent `scatter`."""
+        return self._persistent("scatter", x, out, None, root, counts, algorithm, timeout)
+
+    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                            timeout: float | None = None) -> PersistentRequest:
+        """Persistent `reduce_scatter`."""
+        return self._persistent("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+
+    def barrier_init(self, *, algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
+        """Persistent `barrier`."""
+        return self._persistent("barrier", None, None, None, None, None, algorithm, timeout)
+
+
+def _caller_arrays(x: Any, out: Any) -> bool:
+    """Whether the caller's own x and out (not arrays made from them) are what a plan would hold."""
+    return (x is None or type(x) is _NDARRAY) and (out is None or type(out) is _NDARRAY)
+
+
+def _key(counts: Any) -> Any:
+    """counts= as part of a plan's key: hashable (a tuple), or left as given when it is not a
+    sequence (its check then names it)."""
+    try:
+        return None if counts is None else tuple(counts)
+    except TypeError:
+        return counts
+
+
+def _plannable(backend: Any, x: Any, out: Any) -> bool:
+    """Whether a call can be recorded as a plan: host arrays (the plan keeps them and reads
+    them in place, so x must be an ndarray and C-contiguous; out an ndarray or None)."""
+    return backend is NUMPY and type(x) is _NDARRAY and x.flags.c_contiguous and (out is None or type(out) is _NDARRAY)
 
 
 def _env_timeout() -> float:

@@ -25,11 +25,22 @@ from mpi4py import MPI
 from mpiring.backend import NumpyBackend
 from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError
 
-# Each collective call takes the next tag, so messages of two calls in flight at once
-# (nonblocking collectives), or of a call abandoned on some rank, never match another call's
-# receives. Tags cycle through the lower half of the communicator's MPI_TAG_UB (2^29-1 in the
-# MPICH wheel, 2^31-1 in Open MPI's; at least 32767 by the standard); the upper half is for a
-# transport's second message kind (the IPC path's acknowledgements).
+# Tags. Transports use the lower half of the communicator's MPI_TAG_UB (2^29-1 in the MPICH
+# wheel, 2^31-1 in Open MPI's; at least 32767 by the standard); the upper half is for a
+# transport's second message kind (the IPC path's acknowledgements). The lower half holds
+# three ranges, so that no message of one call can match a receive of another:
+#   sequence tags (the first half): each unplanned call takes the next, so messages of two calls
+#       in flight at once, or of a call abandoned on some rank, never match another call's;
+#   persistent tags (the third quarter): one per persistent request (`*_init`), for its life;
+#   blocking tags (the last quarter): every blocking call uses the same tag, planned or not
+#       (one rank may run a plan while another builds one), since blocking calls run one at a
+#       time in the same order on every rank and MPI keeps the messages between two ranks on
+#       one tag in order. The tag moves on whenever a call fails on this rank (Ring.failures),
+#       so a rank whose call raised alone never matches a message its peers sent for that
+#       call: they time out instead of returning data. Calls that first exchange a layout
+#       (gather, all-gather and scatter when the ranks cannot know it alone) take the odd tag
+#       of the pair, so a rank that exchanges never mistakes the data of a rank that did not
+#       (one passed counts= or a uniform out=, the other not) for a layout, or the reverse.
 _MIN_TAG_UB = 32767
 
 # Scratch pool: arrays from this size up are kept for reuse, at most this many per backend
@@ -77,7 +88,7 @@ class Traffic:
 class Step:
     """The messages one step of an algorithm has posted, and what to check once they complete."""
 
-    __slots__ = ("requests", "peers", "receives", "after", "progress")
+    __slots__ = ("requests", "peers", "receives", "after", "progress", "statuses")
 
     def __init__(self) -> None:
         self.requests: list[MPI.Request] = []
@@ -88,6 +99,8 @@ class Step:
         self.after: list[Callable[[], None]] = []
         # a step that must be pushed along (staged device transfers): progress(call) -> done
         self.progress: Callable[[Call], bool] | None = None
+        # a planned step's statuses, made once and refilled by every run (None: made per wait)
+        self.statuses: list[MPI.Status] | None = None
 
 
 @dataclass(slots=True)
@@ -99,6 +112,7 @@ class Call:
     tag: int
     timeout: float | None = None
     step: int = 0  # steps completed so far
+    checked: tuple = ()  # (x, op, root) as the consistency check (MPIRING_CHECK) compares them
 
 
 Steps = Generator[Step, None, Any]
@@ -140,6 +154,14 @@ class Ring:
         self.traffic = Traffic()
         tag_ub = comm.Get_attr(MPI.TAG_UB)
         self.tag_space = (max(int(tag_ub) if tag_ub else 0, _MIN_TAG_UB) + 1) // 2
+        self._persistent_tags = self.tag_space // 2  # first persistent tag (see "Tags" above)
+        self._blocking_tags = self.tag_space * 3 // 4  # first blocking tag
+        self.failures = 0  # calls that raised on this rank; picks the blocking tag
+        self.persistent_requests = 0  # made so far; picks each one's tag
+        # a plan being built (mpiring.engine.plan): posts are recorded, not sent
+        self.recorder: Any = None
+        # plans and steps abandoned with messages in flight: MPI may still write their buffers
+        self.abandoned: list[Any] = []
         # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
         self.calls = 0  # collective calls made so far; each took a tag
@@ -149,7 +171,7 @@ class Ring:
         # why this rank may have messages of an abandoned call in flight (the Communicator then
         # refuses every later call: those messages could match a later call's receives)
         self.broken: str | None = None
-        self._owner: int | None = None  # the thread that made the first call (see `claim`)
+        self.owner: int | None = None  # the thread that made the first call (see `claim`)
 
     def claim(self, collective: str) -> None:  # collective: its name, or its builder's (`_allreduce`)
         """Check that this call comes from the ring's thread: the first one to call it.
@@ -159,17 +181,23 @@ class Ring:
         (even without overlapping calls): a second thread's call breaks the ring instead.
         """
         thread = threading.get_ident()
-        if self._owner is None:
-            self._owner = thread
-        elif self._owner != thread:
+        if self.owner is None:
+            self.owner = thread
+        elif self.owner != thread:
             collective = collective.lstrip("_")
             self.broken = self.broken or f"{collective} (called from a second thread)"
             raise ConcurrentUseError(collective)
 
-    def abandon(self, call: Call, error: BaseException) -> None:
-        """Record that `call` failed with messages possibly in flight (the first cause is kept)."""
+    def abandon(self, call: Call, error: BaseException, in_flight: Any = None) -> None:
+        """Record that `call` failed with messages possibly in flight (the first cause is kept).
+
+        `in_flight` (the step or plan whose requests may still be active) stays referenced by
+        the ring for its life, so that MPI never writes into memory Python has given away.
+        """
         if self.broken is None:
             self.broken = f"{call.collective} ({call.algorithm}, step {call.step}: {type(error).__name__})"
+        if in_flight is not None:
+            self.abandoned.append(in_flight)
 
     def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
         """A flat scratch array of `count` elements (`with ring.scratch(...) as buf`), reused
@@ -180,7 +208,7 @@ class Ring:
         finished cleanly returns its buffer: after an error or timeout MPI may still write to it.
         """
         nbytes = count * backend.xp.dtype(dtype).itemsize
-        if nbytes < _POOL_FROM_BYTES:
+        if nbytes < _POOL_FROM_BYTES or self.recorder is not None:  # a plan keeps its own scratch
             return Scratch(backend.empty(count, dtype))
         spare = self._spare.setdefault(backend.name, [])
         fitting = [i for i, buf in enumerate(spare) if buf.nbytes >= nbytes]
@@ -195,10 +223,21 @@ class Ring:
         return (root + position) % self.size
 
     def next_tag(self) -> int:
-        """A tag for the next collective call, in [1, tag_space); every rank calls collectives
-        in the same order, and every call takes one, even one that raises."""
+        """A sequence tag for the next collective call, in [1, tag_space / 2); every rank calls
+        collectives in the same order, and every call takes one, even one that raises."""
         self.calls += 1
-        return self.calls % (self.tag_space - 1) + 1
+        return self.calls % (self._persistent_tags - 1) + 1
+
+    def blocking_tag(self, exchanging: bool = False) -> int:
+        """The tag of blocking calls (`exchanging`: of those that exchange a layout first); it
+        changes after every call that raised here."""
+        pairs = (self.tag_space - self._blocking_tags) // 2
+        return self._blocking_tags + 2 * (self.failures % pairs) + exchanging
+
+    def persistent_tag(self) -> int:
+        """A tag for a new persistent request (made collectively, in the same order everywhere)."""
+        self.persistent_requests += 1
+        return self._persistent_tags + self.persistent_requests % (self._blocking_tags - self._persistent_tags)
 
     def post(
         self,
@@ -213,23 +252,38 @@ class Ring:
         A backend that moves device buffers itself (`staged`: the staged and IPC paths) posts the
         step itself.
         """
+        if self.recorder is not None:
+            return self.recorder.post(backend, tag, sends, receives)
         if backend.staged:
             return backend.post_staged(self, tag, sends, receives)
-        step = Step()
+        if sends:
+            backend.ready_for_mpi()
+        return self.make_step(backend, tag, sends, receives, self.traffic)
+
+    def make_step(
+        self,
+        backend: NumpyBackend,
+        tag: int,
+        sends: Sequence[tuple[Any, int]],
+        receives: Sequence[tuple[Any, int]],
+        traffic: Traffic,
+        persistent: bool = False,
+    ) -> Step:
+        """A step's requests, receives first; started now, or (`persistent`) made to be started
+        by every run of a plan. `traffic` counts the step's bytes."""
         comm = self.comm
-        traffic = self.traffic
+        receive, send = (comm.Recv_init, comm.Send_init) if persistent else (comm.Irecv, comm.Isend)
+        step = Step()
         for buf, source in receives:
             message, after = backend.receive_message(buf)
             step.receives.append((len(step.requests), buf.nbytes, source))
-            step.requests.append(comm.Irecv(message, source, tag))
+            step.requests.append(receive(message, source, tag))
             step.peers.append(("receive from", source))
             if after is not None:
                 step.after.append(after)
             traffic.bytes_received += buf.nbytes
-        if sends:
-            backend.ready_for_mpi()
         for buf, dest in sends:
-            step.requests.append(comm.Isend(backend.send_message(buf), dest, tag))
+            step.requests.append(send(backend.send_message(buf), dest, tag))
             step.peers.append(("send to", dest))
             traffic.bytes_sent += buf.nbytes
             traffic.messages += 1
@@ -242,7 +296,7 @@ class Ring:
         oversubscribed ranks leave the cores to the ranks doing work) and raises
         CollectiveTimeout naming the peers whose messages are still outstanding.
         """
-        statuses = [MPI.Status() for _ in step.requests] if step.receives else None
+        statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
         try:
             if step.progress is not None:
                 self._drive(step, call)
@@ -251,16 +305,16 @@ class Ring:
             else:
                 self._poll(step, statuses, call)
         except MPI.Exception as error:
-            raise self._mpi_error(call, error, step, statuses) from error
+            raise self.mpi_error(call, error, step, statuses) from error
         self._finish(step, statuses, call)
 
     def is_complete(self, step: Step, call: Call) -> bool:
         """Whether every message of a step has finished (then checked and finished), without waiting."""
-        statuses = [MPI.Status() for _ in step.requests] if step.receives else None
+        statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
         try:
             done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
         except MPI.Exception as error:
-            raise self._mpi_error(call, error, step, statuses) from error
+            raise self.mpi_error(call, error, step, statuses) from error
         if done:
             self._finish(step, statuses, call)
         return done
@@ -328,12 +382,12 @@ class Ring:
 
     def _finish(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
         if statuses is not None:
-            self._check_sizes(step, statuses, call.collective)
+            self.check_sizes(step, statuses, call.collective)
         for work in step.after:
             work()
         call.step += 1
 
-    def _mpi_error(self, call: Call, error: MPI.Exception, step: Step | None = None,
+    def mpi_error(self, call: Call, error: MPI.Exception, step: Step | None = None,
                    statuses: list[MPI.Status] | None = None) -> CommunicationError:
         """A failed step in words: a message too large for its receive names its sender and the
         size expected, rather than MPI's "see the MPI_ERROR field"."""
@@ -353,7 +407,7 @@ class Ring:
             "(did the ranks pass different shapes, lengths or dtypes?)",
         )
 
-    def _check_sizes(self, step: Step, statuses: list[MPI.Status], collective: str) -> None:
+    def check_sizes(self, step: Step, statuses: list[MPI.Status], collective: str) -> None:
         for index, expected, source in step.receives:
             got = statuses[index].Get_count(MPI.BYTE)
             if got != expected:
@@ -366,6 +420,7 @@ class Ring:
 
 def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
     """Drive an algorithm to its end, blocking; return the generator's return value."""
+    step = None
     try:
         step = next(steps)
         while True:
@@ -374,7 +429,7 @@ def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
     except StopIteration as finished:
         return finished.value
     except (CollectiveTimeout, CommunicationError) as error:
-        ring.abandon(call, error)
+        ring.abandon(call, error, (step, steps))  # the generator holds steps posted ahead
         raise
 
 
@@ -417,7 +472,7 @@ class CollectiveRequest:
             while not self._done and self._ring.is_complete(self._step, self._call):
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error)
+            self._ring.abandon(self._call, error, (self._step, self._steps))
             raise
         return self._done
 
@@ -431,9 +486,14 @@ class CollectiveRequest:
                 self._ring.wait_step(self._step, self._call, self)
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error)
+            self._ring.abandon(self._call, error, (self._step, self._steps))
             raise
         return self._result
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective has completed (as last seen by test() or wait())."""
+        return self._done
 
     @property
     def result(self) -> Any:

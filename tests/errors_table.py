@@ -81,10 +81,10 @@ ROWS: list[Row] = [
         "rank R (see the error there)`; no rank waits for data", min_ranks=2),
     Row("argument-one-rank", f"one rank rejects its own argument (`out=` of the wrong shape on the root only) "
         f"while the others go on ({T})", "that rank raises `ArgumentError`; it never returns another call's data "
-        "afterwards: every call takes its sequence number (its tag) even when it raises, so a message of the "
-        "abandoned call cannot match the next one. A reduce's other ranks finish, and the next reduce is right on "
-        "every rank; in an all-reduce the others time out and break (below), and the rejecting rank's next call "
-        "times out too", min_ranks=2),
+        "afterwards: a call that raises moves its rank on to a new tag (docs/engine.md, tags), so no message "
+        "of the abandoned call can match a later one. Its later calls time out, naming the peers, since their tag "
+        "no longer matches the others'; the other ranks time out at the first call that needs that rank (a "
+        "reduce's other ranks only send, and return None). Make a new communicator", min_ranks=2),
     Row("threads", "one `Communicator` called from two threads (taking turns or at once)",
         "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
         "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "

@@ -23,13 +23,15 @@ from mpiring.backend import NumpyBackend
 from mpiring.ring import Ring, Steps
 
 
-def fold_in(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, op: str) -> Steps:
-    """Before the power-of-two stages: each even rank of a folded pair hands its vector over."""
+def fold_in(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, op: str,
+            out: Any = None) -> Steps:
+    """Before the power-of-two stages: each even rank of a folded pair hands its vector over.
+    The receiving rank combines into `out` (default: `work` itself)."""
     if fold.sits_out:
         yield ring.post(backend, tag, sends=[(work, fold.partner)])
     elif fold.partner is not None:
         yield ring.post(backend, tag, receives=[(scratch, fold.partner)])
-        backend.combine(op, scratch, work, work)  # the lower rank's data first
+        backend.combine(op, scratch, work, work if out is None else out)  # the lower rank's data first
 
 
 def fold_out(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any) -> Steps:
@@ -44,22 +46,28 @@ def allreduce_recursive_doubling(
     ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str
 ) -> Steps:
     """Reduce flat `src` over all ranks into flat `out` (which may be `src` itself)."""
-    if out is not src:
-        backend.copy(out, src)
     fold = Fold(ring.rank, ring.size)
+    # `work` is this rank's partial result: `src` until the first combine writes into `out`, so
+    # the input is never copied first (a small call's cost is counted in copies)
+    work = src
     with ring.scratch(backend, out.size, out.dtype) as scratch:
-        yield from fold_in(ring, backend, tag, fold, out, scratch, op)
+        yield from fold_in(ring, backend, tag, fold, work, scratch, op, out)
         if not fold.sits_out:
+            if fold.partner is not None:
+                work = out
             me = fold.virtual
             mask = 1
             while mask < fold.p2:
                 partner = me ^ mask
                 peer = fold.real(partner)
-                yield ring.post(backend, tag, sends=[(out, peer)], receives=[(scratch, peer)])
+                yield ring.post(backend, tag, sends=[(work, peer)], receives=[(scratch, peer)])
                 if me < partner:
-                    backend.combine(op, out, scratch, out)
+                    backend.combine(op, work, scratch, out)
                 else:
-                    backend.combine(op, scratch, out, out)
+                    backend.combine(op, scratch, work, out)
+                work = out
                 mask <<= 1
+            if work is not out:  # one rank: nothing was combined
+                backend.copy(out, work)
             backend.finish(op, out, ring.size)
     yield from fold_out(ring, backend, tag, fold, out)

@@ -5,7 +5,9 @@ Cost: ceil(lg p) alpha + (p-1)/p n beta      (n bytes gathered, p ranks)
 The root receives (p-1)/p n bytes in ceil(lg p) messages; a rank sends its subtree's blocks once.
 
 Blocks are kept in root-relative order, where every subtree is one contiguous range; the
-root turns them back into rank order (two copies) at the end.
+root turns them back into rank order (two copies) at the end, except root 0, whose relative
+order is rank order and which collects straight into the result. Leaves send their block as
+it is.
 
     8 ranks, root 0: the broadcast tree (binomial.py) upside down
 
@@ -52,14 +54,18 @@ def gather_binomial(
 ) -> Steps:
     """Gather flat `own` blocks into flat `out` at `root` (block of rank k: bounds[k]:bounds[k+1])."""
     tree = BinomialTree(ring.rank, ring.size, root)
+    if not tree.children and tree.parent is not None:  # a leaf sends its own block as it is
+        yield ring.post(backend, tag, sends=[(own, tree.parent)])
+        return
     offsets = relative_offsets(bounds, root)
     base = offsets[tree.v]
-    held = backend.empty(offsets[tree.subtree_end] - base, own.dtype)
+    # root 0's relative order is rank order: it collects straight into out
+    direct = tree.parent is None and root == 0
+    held = out if direct else backend.empty(offsets[tree.subtree_end] - base, own.dtype)
     backend.copy(held[: own.size], own)
-    if tree.children:
-        yield ring.post(backend, tag, receives=[(held[offsets[v] - base : offsets[end] - base], child)
-                                                for child, v, end in tree.children])
-    if tree.parent is None:
-        to_rank_order(backend, held, out, bounds, root)
-    else:
+    yield ring.post(backend, tag, receives=[(held[offsets[v] - base : offsets[end] - base], child)
+                                            for child, v, end in tree.children])
+    if tree.parent is not None:
         yield ring.post(backend, tag, sends=[(held, tree.parent)])
+    elif not direct:
+        to_rank_order(backend, held, out, bounds, root)

@@ -16,9 +16,10 @@ is bitwise that of `reduce_scatter_ring`.
     reduce                  a0  b0  c0  a1  b1  c1
     send right                  a0  b0  c0  (a1 ...)      a segment leaves once it is reduced
 
-Scratch is two chunks (double buffers): step s receives into half s % 2, and a segment's slot is
-reused two steps later only after the send that was reading it has completed. One receive is
-always posted ahead of the one being reduced.
+Scratch is two chunks (double buffers): the steps that receive (a step with an empty chunk
+receives nothing) take the halves in turn, and a segment's slot is reused two such steps later
+only after the send that was reading it has completed. One receive is always posted ahead of
+the one being reduced.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def pipelined_reduce_scatter_steps(
 
     # every message, in the order the left neighbour sends it: (step, segment index, lo, hi)
     schedule = [(step, j, lo, hi) for step in range(p - 1) for j, (lo, hi) in enumerate(segments_of(chunk(step)))]
+    # Steps that receive something alternate between the two halves. Alternating by step number
+    # instead would put the steps on both sides of an empty chunk in one half, and the receive
+    # posted ahead for the later one could overwrite the earlier one's data before it is reduced.
+    receiving = sorted({step for step, _, _, _ in schedule})
+    half_of = {step: i % 2 for i, step in enumerate(receiving)}
     with ring.scratch(backend, 2 * largest, src.dtype) as scratch:
         halves = (scratch[:largest], scratch[largest:])
         own = bounds[chunk(-1)]
@@ -80,18 +86,18 @@ def pipelined_reduce_scatter_steps(
         for k, (step, j, lo, hi) in enumerate(schedule):
             for ahead in range(len(arrivals), min(k + 2, len(schedule))):
                 a_step, a_j, a_lo, a_hi = schedule[ahead]
-                busy = reading.pop((a_step % 2, a_j), None)
+                busy = reading.pop((half_of[a_step], a_j), None)
                 if busy is not None:
                     yield busy  # the slot's last segment must have left before new data lands
-                slot = halves[a_step % 2][a_lo:a_hi]
+                slot = halves[half_of[a_step]][a_lo:a_hi]
                 arrivals.append(ring.post(backend, tag, receives=[(slot, ring.left)]))
             yield arrivals[k]
             base = bounds[chunk(step)]
-            arrived = halves[step % 2][lo:hi]
+            arrived = halves[half_of[step]][lo:hi]
             if step == p - 2:
                 backend.combine(op, src[base + lo : base + hi], arrived, result[lo:hi])
             else:
                 backend.combine(op, src[base + lo : base + hi], arrived, arrived)
-                reading[(step % 2, j)] = ring.post(backend, tag, sends=[(arrived, ring.right)])
+                reading[(half_of[step], j)] = ring.post(backend, tag, sends=[(arrived, ring.right)])
         yield from sends + list(reading.values())
     backend.finish(op, result, p)

@@ -25,14 +25,19 @@ def scatter_binomial(
 ) -> Steps:
     """Scatter flat `src` (root only; block of rank k: bounds[k]:bounds[k+1]) into flat `mine`."""
     tree = BinomialTree(ring.rank, ring.size, root)
+    if not tree.children and tree.parent is not None:  # a leaf receives its own block where it belongs
+        yield ring.post(backend, tag, receives=[(mine, tree.parent)])
+        return
     offsets = relative_offsets(bounds, root)
     base = offsets[tree.v]
-    held = backend.empty(offsets[tree.subtree_end] - base, mine.dtype)
-    if tree.parent is None:
-        to_relative_order(backend, src, held, bounds, root)
+    if tree.parent is None and root == 0:  # rank order is relative order: send from src itself
+        held = src
     else:
-        yield ring.post(backend, tag, receives=[(held, tree.parent)])
-    if tree.children:
-        yield ring.post(backend, tag, sends=[(held[offsets[v] - base : offsets[end] - base], child)
-                                             for child, v, end in reversed(tree.children)])
+        held = backend.empty(offsets[tree.subtree_end] - base, mine.dtype)
+        if tree.parent is None:
+            to_relative_order(backend, src, held, bounds, root)
+        else:
+            yield ring.post(backend, tag, receives=[(held, tree.parent)])
+    yield ring.post(backend, tag, sends=[(held[offsets[v] - base : offsets[end] - base], child)
+                                         for child, v, end in reversed(tree.children)])
     backend.copy(mine, held[: mine.size])

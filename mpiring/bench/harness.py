@@ -126,6 +126,7 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
         ours=None if n_out is None else device.xp.empty(n_out, dtype),
         native_x=native_x,
         native=None if n_out is None else device.native_xp.empty(n_out, dtype),
+        counts=(count,) * setup.size,
     )
 
 

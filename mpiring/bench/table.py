@@ -83,6 +83,7 @@ class Buffers:
     ours: Any
     native_x: Any
     native: Any
+    counts: tuple[int, ...] = ()  # every rank's block, in elements (as MPI's uniform collectives know it)
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ COLLECTIVES: dict[str, Collective] = {
             bus_factor=lambda n: (n - 1) / n,
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c * n if at_root else None,
-            ours=lambda s, b: s.comm.gather(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            ours=lambda s, b: s.comm.gather(b.x, s.root, out=b.ours, counts=b.counts, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Gather(_typed(s, b.native_x), _typed(s, b.native), s.root),
             ceiling=lambda n, r, root, c, _: _to_root(n, r, root, [c] * n),
         ),
@@ -244,7 +245,7 @@ COLLECTIVES: dict[str, Collective] = {
             bus_factor=lambda n: (n - 1) / n,
             input_elems=lambda c, n, at_root: c * n if at_root else None,
             output_elems=lambda c, n, at_root: c,
-            ours=lambda s, b: s.comm.scatter(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            ours=lambda s, b: s.comm.scatter(b.x, s.root, out=b.ours, counts=b.counts, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Scatter(_typed(s, b.native_x), _typed(s, b.native), s.root),
             ceiling=lambda n, r, root, c, _: _from_root(n, r, root, [c] * n),
         ),

@@ -1,0 +1,134 @@
+"""Running plans: a blocking call runs its plan to the end here; a persistent request
+(`Communicator.allreduce_init` and the like) starts its plan, or its generator, once per start().
+
+Waiting happens in `Ring.wait_step`, which also advances every nonblocking collective in flight,
+and which raises `CollectiveTimeout` naming the peers still outstanding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpi4py import MPI
+
+from mpiring.engine.plan import START, WAIT, Plan, plan_steps
+from mpiring.errors import CollectiveTimeout, CommunicationError
+from mpiring.ring import Call, CollectiveRequest, Ring, Steps
+
+_startall, _waitall, _BYTE = MPI.Prequest.Startall, MPI.Request.Waitall, MPI.BYTE
+
+
+def count_traffic(ring: Ring, plan: Plan) -> None:
+    traffic, once = ring.traffic, plan.traffic
+    traffic.bytes_sent += once.bytes_sent
+    traffic.bytes_received += once.bytes_received
+    traffic.messages += once.messages
+
+
+def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
+    """Run `plan` once, blocking, and return its result (a copy when the plan owns it).
+
+    Small calls are paid in Python time, so the common case (no timeout, no nonblocking
+    collective in flight) waits inline: one Waitall per step and the size checks.
+    """
+    call = plan.call
+    call.timeout = timeout
+    traffic, once = ring.traffic, plan.traffic
+    traffic.bytes_sent += once.bytes_sent
+    traffic.bytes_received += once.bytes_received
+    traffic.messages += once.messages
+    step = 0
+    try:
+        if timeout is None and not ring.in_flight and plan.exchanges is not None:
+            for work in plan.prologue:
+                work()
+            for item, requests, statuses, checks, works in plan.exchanges:
+                _startall(requests)
+                _waitall(requests, statuses)
+                for status, expected in checks:
+                    if status.Get_count(_BYTE) != expected:
+                        call.step = step
+                        ring.check_sizes(item, statuses, call.collective)  # raises, naming the sender
+                step += 1
+                for work in works:
+                    work()
+        else:
+            call.step = 0
+            for kind, item in plan.actions:
+                if kind == START:
+                    _startall(item)
+                elif kind == WAIT:
+                    ring.wait_step(item, call)
+                else:
+                    item()
+    except MPI.Exception as error:  # from the inline Waitall: a message larger than its receive
+        call.step = step
+        ring.abandon(call, error, plan)
+        raise ring.mpi_error(call, error, item, item.statuses) from error
+    except (CollectiveTimeout, CommunicationError) as error:
+        ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
+        raise
+    return plan.result.copy() if plan.copy_result else plan.result
+
+
+class PersistentRequest:
+    """A collective made once and started many times (MPI-4's persistent collectives).
+
+    `start()` begins a run; `test()` and `wait()` then behave as a nonblocking collective's
+    request, and `wait()` returns the result. Every rank must start its requests, and call its
+    other collectives, in the same order. The arrays given when it was made are bound to it:
+    change their contents between runs, not the arrays. `free()` releases it.
+    """
+
+    def __init__(self, ring: Ring, call: Call, plan: Plan | None,
+                 replay: Callable[[], Steps] | None, started: Callable[[], None]) -> None:
+        self._ring = ring
+        self._call = call
+        self._plan = plan  # None: an unplanned call, replayed through its generator each start
+        self._replay = replay
+        self._started = started  # the communicator's per-call checks (broken, freed, thread, count)
+        self._run: CollectiveRequest | None = None
+        self._freed = False
+
+    def start(self) -> None:
+        """Begin a run (the previous one must have completed)."""
+        if self._freed:
+            raise RuntimeError(f"this persistent {self._call.collective} request was freed")
+        if self._run is not None and not self._run.done:
+            raise RuntimeError(f"this persistent {self._call.collective} request is still running: "
+                               "wait() for it before starting it again")
+        self._started()
+        self._call.step = 0
+        if self._plan is not None:
+            count_traffic(self._ring, self._plan)
+            steps = plan_steps(self._plan)
+        else:
+            self._call.tag = self._ring.next_tag()  # each replay is a new call with its own tag
+            steps = self._replay()
+        self._run = CollectiveRequest(self._ring, steps, self._call)
+
+    def test(self) -> bool:
+        """True once the run started last has completed (advancing it, never blocking)."""
+        return self._active().test()
+
+    def wait(self) -> Any:
+        """Block until the run started last completes; return its result."""
+        return self._active().wait()
+
+    @property
+    def result(self) -> Any:
+        return self._active().result
+
+    def free(self) -> None:
+        """Release the request's MPI resources (not while a run is in flight)."""
+        if self._run is not None and not self._run.done:
+            raise RuntimeError(f"this persistent {self._call.collective} request is still running: wait() first")
+        if not self._freed and self._plan is not None:
+            self._plan.free()
+        self._freed = True
+
+    def _active(self) -> CollectiveRequest:
+        if self._run is None:
+            raise RuntimeError(f"this persistent {self._call.collective} request was never started: call start()")
+        return self._run

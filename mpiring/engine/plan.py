@@ -1,0 +1,269 @@
+"""Plans: one collective call's schedule, built once for its call shape and run many times.
+
+Building runs the collective's generator once, with a recorder standing in for the transport
+and for the arithmetic. Every message becomes a persistent MPI request bound to the real
+buffer (`Send_init`/`Recv_init`), every reduction or copy a function with its arrays bound,
+every `yield` a wait. Validation, algorithm choice, output placement and scratch allocation all
+happen then; a run only starts requests, waits and does the arithmetic (mpiring.engine.executor).
+
+    building (once)                               running (each call)
+    algorithm posts a step     ─►  START reqs     MPI Startall
+    algorithm yields the step  ─►  WAIT step      Ring.wait_step: the one place that waits
+    backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
+
+Only the host backend is planned, and only calls whose buffers and layout are known on every
+rank without asking the others: a plan is built without sending a message, so one rank may
+reuse a plan while another builds one and the two still agree on every message.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Generator
+from functools import partial
+from typing import Any
+
+from mpi4py import MPI
+
+from mpiring.backend import NumpyBackend
+from mpiring.ops import AVG, UFUNC_NAMES
+from mpiring.ring import Call, Ring, Step, Steps, Traffic
+
+START, WAIT, WORK = 0, 1, 2
+Action = tuple[int, Any]  # (START, [requests]) | (WAIT, Step) | (WORK, function)
+
+# Plans a communicator keeps: a few per buffer set a program cycles through. The byte bound is
+# on what plans allocate themselves (outputs and scratch), not on the caller's arrays they hold.
+PLANS_KEPT = 64
+PLAN_BYTES_KEPT = 256 << 20
+
+
+class Plan:
+    """The recorded schedule of one call shape, and what a run needs besides it.
+
+    The plan holds the caller's input and output arrays, so neither can be freed (and its
+    address reused by another array) while the persistent requests point into it.
+    """
+
+    __slots__ = ("call", "actions", "prologue", "exchanges", "result", "copy_result", "traffic", "requests",
+                 "allocated", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
+
+    def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
+                 requests: list[MPI.Prequest], allocated: int) -> None:
+        self.call = call
+        self.actions = actions
+        # the same actions as work before the first message, then exchanges (start a step, wait
+        # for it, do the work after it): the fast form, when no step is posted ahead of another
+        self.prologue, self.exchanges = fuse(actions)
+        self.result = result
+        self.copy_result = False  # True: the result lives in the plan, so each call returns a copy
+        self.traffic = traffic  # what one run hands to MPI
+        self.requests = requests
+        self.allocated = allocated  # bytes it keeps alive: its outputs and scratch, then the caller's arrays
+        self.x = self.out = self.x_shape = self.out_shape = self.x_dtype = self.out_dtype = None
+
+    def bind(self, x: Any, out: Any) -> None:
+        """Remember the call's arrays (kept alive) and the shapes a later call must match."""
+        self.x, self.out = x, out
+        if x is not None:
+            self.x_shape, self.x_dtype = x.shape, x.dtype
+            self.allocated += x.nbytes
+        if out is not None:
+            self.out_shape, self.out_dtype = out.shape, out.dtype
+            self.allocated += out.nbytes
+        self.copy_result = out is None and self.result is not None
+
+    def seen(self, x: Any, out: Any) -> bool:
+        """Whether these arrays are the plan's own (it no longer fits them: build it anew)."""
+        return x is self.x and out is self.out
+
+    def free(self) -> None:
+        """Release the persistent requests (the plan must not be running)."""
+        for request in self.requests:
+            request.Free()
+        self.requests = []
+        self.actions = []
+        self.prologue, self.exchanges = (), None
+
+
+class Sighting:
+    """A call shape seen once, by weak references to its arrays: the next call with the same
+    live arrays builds a plan. A program that passes new arrays every call (and so could never
+    reuse a plan) keeps its unplanned cost, and no plan keeps its dead arrays alive."""
+
+    __slots__ = ("x", "out", "allocated")
+
+    def __init__(self, x: Any, out: Any) -> None:
+        self.x = None if x is None else weakref.ref(x)
+        self.out = None if out is None else weakref.ref(out)
+        self.allocated = 0
+
+    def seen(self, x: Any, out: Any) -> bool:
+        return (x is None or (self.x is not None and self.x() is x)) and (
+            out is None or (self.out is not None and self.out() is out))
+
+    def free(self) -> None:
+        pass
+
+
+class PlanCache:
+    """The plans of one communicator, least recently used evicted first, bounded in number
+    and in bytes: those the plans allocated and the caller's arrays they hold."""
+
+    def __init__(self, plans: int = PLANS_KEPT, nbytes: int = PLAN_BYTES_KEPT) -> None:
+        # key -> plan, least recently used first (a hit moves its plan to the end)
+        self.table: OrderedDict[tuple, Plan | Sighting] = OrderedDict()
+        self._max_plans, self._max_bytes = plans, nbytes
+        self.allocated = 0
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def add(self, key: tuple, plan: Plan | Sighting) -> None:
+        old = self.table.pop(key, None)
+        if old is not None:
+            self._drop(old)
+        self.table[key] = plan
+        self.allocated += plan.allocated
+        while len(self.table) > 1 and (len(self.table) > self._max_plans or self.allocated > self._max_bytes):
+            self._drop(self.table.popitem(last=False)[1])
+
+    def clear(self, keep: list[Any] = ()) -> None:
+        """Drop every plan; free their requests, except those of plans in `keep` (abandoned with
+        requests in flight: MPI may still use their buffers)."""
+        while self.table:
+            plan = self.table.popitem()[1]
+            if not any(plan is kept for kept in keep):
+                self._drop(plan)
+        self.allocated = 0
+
+    def _drop(self, plan: Plan | Sighting) -> None:
+        self.allocated -= plan.allocated
+        plan.free()
+
+
+class Recorder:
+    """Stands in for the transport while a plan is built (Ring.recorder): posts become
+    persistent requests and START actions; the backend's arithmetic becomes WORK actions."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.actions: list[Action] = []
+        self.traffic = Traffic()
+        self.requests: list[MPI.Prequest] = []
+        self.unwaited: list[Step] = []  # posted, not yet waited for
+        self.allocated = 0
+
+    def post(self, backend: NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
+        step = self.ring.make_step(backend, tag, sends, receives, self.traffic, persistent=True)
+        if step.receives:
+            step.statuses = [MPI.Status() for _ in step.requests]
+        self.requests.extend(step.requests)
+        self.unwaited.append(step)
+        self.actions.append((START, step.requests))
+        return step
+
+    def wait(self, step: Step) -> None:
+        if not any(step is posted for posted in self.unwaited):
+            raise RuntimeError("a collective being planned waited for a step it did not post (it may not "
+                               "communicate while its plan is built)")
+        self.unwaited = [posted for posted in self.unwaited if posted is not step]
+        self.actions.append((WAIT, step))
+
+    def work(self, function: Callable[[], Any]) -> None:
+        self.actions.append((WORK, function))
+
+
+class RecordingBackend:
+    """The host backend as a plan sees it: allocation happens now; reductions, copies and the
+    final touch of `avg` are recorded, with their functions resolved, to run on every call."""
+
+    staged = False
+
+    def __init__(self, inner: NumpyBackend, recorder: Recorder) -> None:
+        self._inner = inner
+        self._recorder = recorder
+        self.name, self.xp = inner.name, inner.xp
+
+    def __getattr__(self, name: str) -> Any:  # is_array, flat, may_share_memory, messages...
+        return getattr(self._inner, name)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        array = self._inner.empty(shape, dtype)
+        self._recorder.allocated += array.nbytes
+        return array
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self._recorder.work(partial(getattr(self.xp, UFUNC_NAMES[op]), a, b, out=out))
+
+    def finish(self, op: str, buf: Any, world_size: int) -> None:
+        if op == AVG and buf.size:
+            self._recorder.work(partial(self.xp.true_divide, buf, world_size, out=buf))
+
+    def copy(self, dst: Any, src: Any) -> None:
+        self._recorder.work(partial(self.xp.copyto, dst, src))
+
+
+def build_plan(ring: Ring, backend: NumpyBackend, call: Call, body: Callable[[Any], Steps]) -> Plan:
+    """Record the steps `body(backend)` would take for `call` (no message moves)."""
+    recorder = Recorder(ring)
+    ring.recorder = recorder
+    try:
+        steps = body(RecordingBackend(backend, recorder))
+        try:
+            step = next(steps)
+            while True:
+                recorder.wait(step)
+                step = steps.send(None)
+        except StopIteration as finished:
+            result = finished.value
+        for step in recorder.unwaited:  # every request must be complete before the next run
+            recorder.wait(step)
+    except BaseException:
+        for request in recorder.requests:
+            request.Free()
+        raise
+    finally:
+        ring.recorder = None
+    call.step = 0
+    return Plan(call, recorder.actions, result, recorder.traffic, recorder.requests, recorder.allocated)
+
+
+Exchange = tuple[Step, list[MPI.Prequest], list[MPI.Status] | None, tuple[tuple[MPI.Status, int], ...],
+                 tuple[Callable[[], Any], ...]]
+
+
+def fuse(actions: list[Action]) -> tuple[tuple[Callable[[], Any], ...], tuple[Exchange, ...] | None]:
+    """`actions` as (prologue, exchanges), each exchange (step, its requests, their statuses,
+    (status, bytes expected) per receive, the work after it). Exchanges are None when a step is
+    posted before the previous one is waited for (the pipelined algorithms)."""
+    prologue, exchanges, i = [], [], 0
+    while i < len(actions) and actions[i][0] == WORK:
+        prologue.append(actions[i][1])
+        i += 1
+    while i < len(actions):
+        if not (i + 1 < len(actions) and actions[i][0] == START and actions[i + 1][0] == WAIT
+                and actions[i + 1][1].requests is actions[i][1]):
+            return tuple(prologue), None
+        step = actions[i + 1][1]
+        i += 2
+        works = []
+        while i < len(actions) and actions[i][0] == WORK:
+            works.append(actions[i][1])
+            i += 1
+        checks = tuple((step.statuses[index], expected) for index, expected, _ in step.receives)
+        exchanges.append((step, step.requests, step.statuses, checks, tuple(works)))
+    return tuple(prologue), tuple(exchanges)
+
+
+def plan_steps(plan: Plan) -> Generator[Step, None, Any]:
+    """A plan run as a generator of steps: how a nonblocking or persistent request runs it."""
+    for kind, item in plan.actions:
+        if kind == WAIT:
+            yield item
+        elif kind == START:
+            MPI.Prequest.Startall(item)
+        else:
+            item()
+    return plan.result

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Where the time of a small planned all-reduce goes (docs/engine.md, "Where the microseconds").
+
+    mpirun -n 2 python scripts/measure_call_cost.py [--bytes 8] [--write docs/engine.md]
+
+Three variants of one all-reduce of float32 into out=, interleaved in rounds so a disturbance
+from outside hits all alike; each round times a batch of calls, and the table gives each
+variant's median round:
+- native: mpi4py's `Allreduce`;
+- Python floor: the same exchange and add written out by hand with persistent requests made once
+  (`Startall`, `Waitall` with statuses, one size check, `np.add(..., out=)`), what any Python
+  implementation pays at least;
+- mpiring: `comm.allreduce(x, out=y)` with its plan cached;
+then, on rank 0 alone, a replay of the plan without the call around it (`run_plan`), so the
+difference to the full call is the cache lookup and per-call checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mpiring
+from mpiring.engine.executor import run_plan
+from mpiring.engine.plan import Plan
+
+MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
+
+
+def batch(function, calls: int) -> float:
+    for _ in range(20):
+        function()
+    MPI.COMM_WORLD.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        function()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--write", metavar="DOC", help="replace the table between the CALL COST markers of DOC")
+    args = parser.parse_args()
+    world = MPI.COMM_WORLD
+    if world.size != 2:
+        raise SystemExit("run it with 2 ranks")
+    comm = mpiring.Communicator()
+    peer = 1 - world.rank
+    x = np.ones(max(1, args.bytes // 4), np.float32)
+    y, incoming = np.empty_like(x), np.empty_like(x)
+    requests = [world.Recv_init([incoming, MPI.BYTE], peer, 7), world.Send_init([x, MPI.BYTE], peer, 7)]
+    statuses = [MPI.Status(), MPI.Status()]
+
+    def floor() -> None:
+        MPI.Prequest.Startall(requests)
+        MPI.Request.Waitall(requests, statuses)
+        if statuses[0].Get_count(MPI.BYTE) != incoming.nbytes:
+            raise AssertionError("size")
+        np.add(x, incoming, out=y) if world.rank == 0 else np.add(incoming, x, out=y)
+
+    variants = {
+        "native `Allreduce`": lambda: world.Allreduce(x, y),
+        "Python floor (persistent requests, by hand)": floor,
+        "mpiring `comm.allreduce(x, out=y)`, planned": lambda: comm.allreduce(x, out=y),
+    }
+    comm.allreduce(x, out=y)
+    comm.allreduce(x, out=y)
+    plan = next(p for p in comm._plans.table.values() if isinstance(p, Plan) and p.x is x)
+    variants["the plan's replay alone (`run_plan`)"] = lambda: run_plan(comm._ring, plan, None)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, function in variants.items():
+            times[name].append(batch(function, args.calls))
+    for request in requests:
+        request.Free()
+    if world.rank:
+        return
+    native = statistics.median(times["native `Allreduce`"])
+    lines = [f"{args.bytes}-byte float32 all-reduce, 2 ranks, MPICH {MPI.Get_library_version().split()[2]}, "
+             f"median of {args.rounds} rounds of {args.calls} calls:", "",
+             "| variant | us per call | x native |", "| --- | --- | --- |"]
+    for name, values in times.items():
+        median = statistics.median(values)
+        lines.append(f"| {name} | {median:.2f} | {median / native:.2f} |")
+    call = statistics.median(times["mpiring `comm.allreduce(x, out=y)`, planned"])
+    replay = statistics.median(times["the plan's replay alone (`run_plan`)"])
+    floor_us = statistics.median(times["Python floor (persistent requests, by hand)"])
+    lines += ["", f"Of mpiring's {call:.2f} us: {floor_us:.2f} the floor's messages and add, "
+              f"{replay - floor_us:.2f} the executor around them (traffic counters, step loop, "
+              f"functions bound at build time), {call - replay:.2f} the call itself (method, cache "
+              "lookup, the checks that the arrays, thread and communicator still fit the plan)."]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        with open(args.write) as file:
+            doc = file.read()
+        head, rest = doc.split(MARKERS[0])
+        _, tail = rest.split(MARKERS[1])
+        with open(args.write, "w") as file:
+            file.write(f"{head}{MARKERS[0]}\n{text}\n{MARKERS[1]}{tail}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""Planned collectives (mpiring.engine): a call shape seen twice with the same arrays is recorded
+once and replayed. Replays must give what an unplanned call gives, with new contents in the
+same arrays, across eviction, for persistent requests started many times, and interleaved with
+nonblocking calls; a plan keeps its arrays alive."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import all_inputs, assert_same, numpy_reduce, rank_input
+
+import mpiring
+from mpiring.algorithms import ALGORITHMS
+from mpiring.engine.plan import PLANS_KEPT, Plan
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+
+def _plan_of(comm, x):
+    """The plan the communicator holds for calls with array `x` (None if there is none)."""
+    plans = [p for p in comm._plans.table.values() if isinstance(p, Plan) and p.x is x]
+    return plans[0] if plans else None
+
+
+def _calls(comm, algorithm, seed, rows):
+    """Every collective with out= given (plannable), each with its oracle. The arrays are made
+    once; `fill(seed)` writes new contents into them."""
+    x = np.empty((N * rows, 3), np.float64)
+    block = np.empty((rows, 3), np.float64)
+    whole = np.empty((N * rows, 3), np.float64)
+    part = np.empty((rows, 3), np.float64)
+    full = np.empty_like(x)
+    root = seed % N
+    counts = [rows] * N
+
+    def fill(seed):
+        inputs = all_inputs(seed, N, x.shape, x.dtype)
+        x[...] = inputs[RANK]
+        block[...] = rank_input(seed, RANK, block.shape, block.dtype)
+        blocks = [rank_input(seed, k, block.shape, block.dtype) for k in range(N)]
+        return {
+            "allreduce": numpy_reduce("sum", inputs),
+            "reduce": numpy_reduce("max", inputs),
+            "broadcast": inputs[root],
+            "reduce_scatter": np.array_split(numpy_reduce("sum", inputs), N)[RANK],
+            "allgather": np.concatenate(blocks),
+            "gather": np.concatenate(blocks),
+            "scatter": np.array_split(inputs[root], N)[RANK],
+        }
+
+    def algo(name):
+        return algorithm if algorithm in ALGORITHMS[name] else None
+
+    runs = {
+        "allreduce": lambda: comm.allreduce(x, out=full, algorithm=algo("allreduce")),
+        "reduce": lambda: comm.reduce(x, op="max", root=root, out=full, algorithm=algo("reduce")),
+        "broadcast": lambda: comm.broadcast(x, root=root, out=full, algorithm=algo("broadcast")),
+        "reduce_scatter": lambda: comm.reduce_scatter(x, out=part, algorithm=algo("reduce_scatter")),
+        "allgather": lambda: comm.allgather(block, out=whole, algorithm=algo("allgather")),
+        "gather": lambda: comm.gather(block, root=root, out=whole, counts=counts, algorithm=algo("gather")),
+        "scatter": lambda: comm.scatter(x, root=root, out=part, counts=counts, algorithm=algo("scatter")),
+    }
+    return fill, runs, root
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "rabenseifner",
+                                       "ring_pipelined", "bruck", "recursive_halving"])
+@pytest.mark.parametrize("rows", [0, 1, 3])
+def test_replays_match_the_oracle_with_new_contents(comm, algorithm, rows):
+    fill, runs, root = _calls(comm, algorithm, seed=rows, rows=rows)
+    for seed in range(4):  # the first call is unplanned, the second builds the plan, then replays
+        expected = fill(100 * rows + seed)
+        for name, run in runs.items():
+            got = run()
+            if name in ("reduce", "gather") and RANK != root:
+                assert got is None
+            else:
+                assert_same(got, expected[name], f"{name} {algorithm} call {seed}")
+
+
+def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):
+    x, out = np.ones(5), np.empty(5)
+    comm.allreduce(x, out=out)
+    assert _plan_of(comm, x) is None  # seen once: no plan yet
+    comm.allreduce(x, out=out)
+    assert _plan_of(comm, x) is not None
+    for _ in range(3):  # new arrays every call: never planned, and nothing keeps them alive
+        fresh = np.ones(5)
+        comm.allreduce(fresh, out=out)
+        assert _plan_of(comm, fresh) is None
+        ref = weakref.ref(fresh)
+        del fresh
+        gc.collect()
+        assert ref() is None
+
+
+def test_without_out_each_call_returns_a_new_array(comm):
+    x = np.full(4, float(RANK))
+    results = [comm.allreduce(x) for _ in range(4)]
+    assert len({id(r) for r in results}) == 4
+    for r in results:
+        assert_same(r, np.full(4, float(sum(range(N)))), "allreduce without out=")
+    results[-1][:] = -1  # the caller owns it: the next call is unaffected
+    assert_same(comm.allreduce(x), np.full(4, float(sum(range(N)))), "after the caller wrote its result")
+
+
+def test_shape_reassigned_in_place_rebuilds_the_plan(comm):
+    x = np.arange(6, dtype=np.float64)
+    out = np.empty(6)
+    for _ in range(2):
+        comm.allreduce(x, out=out)
+    x.shape = (2, 3)
+    out.shape = (2, 3)
+    got = comm.allreduce(x, out=out)
+    assert got.shape == (2, 3)
+    assert_same(got, N * np.arange(6, dtype=np.float64).reshape(2, 3), "after reshaping in place")
+
+
+def test_a_plan_keeps_its_arrays_alive_until_evicted(comm):
+    x, out = np.full(3, 1.0), np.empty(3)
+    comm.allreduce(x, out=out)
+    comm.allreduce(x, out=out)
+    ref = weakref.ref(x)
+    address = x.__array_interface__["data"][0]
+    del x
+    gc.collect()
+    assert ref() is not None  # the plan's requests point into it: its memory is not reused
+    newcomer = np.full(3, 2.0)
+    assert newcomer.__array_interface__["data"][0] != address
+    assert_same(comm.allreduce(newcomer, out=out), np.full(3, 2.0 * N), "a new array beside a kept one")
+    _fill_the_cache(comm)
+    gc.collect()
+    assert ref() is None  # evicted: released
+
+
+def _fill_the_cache(comm):
+    arrays = [np.full(2, float(k)) for k in range(PLANS_KEPT + 2)]
+    out = np.empty(2)
+    for a in arrays:
+        comm.allreduce(a, out=out)
+        comm.allreduce(a, out=out)
+    return arrays
+
+
+def test_eviction_bounds_the_cache_and_keeps_results_right(comm):
+    arrays = _fill_the_cache(comm)
+    assert len(comm._plans) <= PLANS_KEPT
+    out = np.empty(2)
+    for k, a in enumerate(arrays):  # the first ones were evicted: rebuilt, the rest replayed
+        assert_same(comm.allreduce(a, out=out), np.full(2, float(k * N)), f"array {k}")
+
+
+def test_a_persistent_request_started_many_times(comm):
+    x = np.empty((N + 1, 2), np.int64)
+    out = np.empty((N + 1, 2), np.int64)
+    request = comm.allreduce_init(x, op="sum", out=out)
+    for seed in range(20):
+        inputs = all_inputs(seed, N, x.shape, x.dtype)
+        x[...] = inputs[RANK]
+        request.start()
+        assert request.wait() is out
+        assert_same(out, numpy_reduce("sum", inputs), f"start {seed}")
+    if N > 1:  # at one rank a run completes inside start()
+        request.start()
+        with pytest.raises(RuntimeError, match="still running"):
+            request.start()
+        request.wait()
+    request.free()
+    with pytest.raises(RuntimeError, match="freed"):
+        request.start()
+
+
+def test_persistent_requests_of_every_collective(comm):
+    root = N - 1
+    x = np.empty((2 * N, 2))
+    part, whole, block = np.empty((2, 2)), np.empty((2 * N, 2)), np.empty((2, 2))
+    full = np.empty_like(x)
+    requests = {
+        "allreduce": comm.allreduce_init(x, out=full),
+        "reduce": comm.reduce_init(x, op="min", root=root, out=full),
+        "broadcast": comm.broadcast_init(x, root=root, out=full),
+        "reduce_scatter": comm.reduce_scatter_init(x, out=part),
+        "allgather": comm.allgather_init(block, out=whole),
+        "gather": comm.gather_init(block, root=root, out=whole),  # ragged-capable: replays its exchange
+        "scatter": comm.scatter_init(x, root=root, out=part),  # and its header
+        "barrier": comm.barrier_init(),
+    }
+    for seed in range(3):
+        inputs = all_inputs(seed, N, x.shape, x.dtype)
+        blocks = [rank_input(seed, k, block.shape, block.dtype) for k in range(N)]
+        expected = {
+            "allreduce": numpy_reduce("sum", inputs), "reduce": numpy_reduce("min", inputs),
+            "broadcast": inputs[root], "reduce_scatter": np.array_split(numpy_reduce("sum", inputs), N)[RANK],
+            "allgather": np.concatenate(blocks), "gather": np.concatenate(blocks),
+            "scatter": np.array_split(inputs[root], N)[RANK], "barrier": None,
+        }
+        for name, request in requests.items():
+            x[...] = inputs[RANK]
+            block[...] = blocks[RANK]
+            request.start()
+            got = request.wait()
+            if expected[name] is None or (name in ("reduce", "gather") and RANK != root):
+                assert got is None, name
+            else:
+                assert_same(got, expected[name], f"persistent {name}, start {seed}")
+    for request in requests.values():
+        request.free()
+
+
+def test_persistent_nonblocking_and_blocking_interleaved(comm):
+    x = np.empty(7)
+    out = np.empty(7)
+    persistent = comm.allreduce_init(x, op="max", out=out)
+    y, y_out = np.empty((N, 2)), np.empty((N, 2))
+    for seed in range(6):
+        inputs = all_inputs(seed, N, x.shape, x.dtype)
+        others = all_inputs(seed + 50, N, y.shape, y.dtype)
+        x[...] = inputs[RANK]
+        y[...] = others[RANK]
+        persistent.start()
+        pending = comm.iallreduce(others[RANK] * 2)
+        blocking = comm.allreduce(y, out=y_out)  # planned from the second round on; advances the others
+        assert_same(blocking, numpy_reduce("sum", others), f"blocking {seed}")
+        if seed % 2:
+            assert_same(pending.wait(), 2 * numpy_reduce("sum", others), f"nonblocking {seed}")
+            assert_same(persistent.wait(), numpy_reduce("max", inputs), f"persistent {seed}")
+        else:
+            assert_same(persistent.wait(), numpy_reduce("max", inputs), f"persistent {seed}")
+            assert_same(pending.wait(), 2 * numpy_reduce("sum", others), f"nonblocking {seed}")
+    persistent.free()
+
+
+def test_traffic_of_a_replay_equals_that_of_the_unplanned_call(comm):
+    x, out = np.ones(10 * N + 3), np.empty(10 * N + 3)
+    counted = []
+    for _ in range(3):  # unplanned, building, replay
+        comm.traffic.reset()
+        comm.allreduce(x, out=out, algorithm="ring")
+        counted.append((comm.traffic.bytes_sent, comm.traffic.bytes_received, comm.traffic.messages))
+    assert counted[0] == counted[1] == counted[2]
+
+
+def test_a_second_thread_is_refused_on_a_planned_call():
+    comm = mpiring.Communicator()
+    x, out = np.ones(3), np.empty(3)
+    comm.allreduce(x, out=out)
+    comm.allreduce(x, out=out)
+    errors = []
+
+    def other():
+        try:
+            comm.allreduce(x, out=out)
+        except mpiring.ConcurrentUseError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert errors  # raised before any message moved, on this rank alone
+    with pytest.raises(mpiring.CommunicatorBrokenError):
+        comm.allreduce(x, out=out)
+    comm.free()
+
+
+def test_counts_skip_the_layout_exchange_and_are_checked(comm):
+    counts = [k % 3 for k in range(N)]
+    block = np.full((counts[RANK], 2), float(RANK))
+    whole = np.empty((sum(counts), 2))
+    for _ in range(3):
+        comm.traffic.reset()
+        got = comm.allgather(block, out=whole, counts=counts)
+        assert_same(got, np.concatenate([np.full((c, 2), float(k)) for k, c in enumerate(counts)]), "allgather")
+        assert comm.traffic.messages == N - 1  # the ring's steps only: no exchange of row counts
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.allgather(block, counts=[1] * (N + 1))  # every rank raises before any message moves
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.gather(np.ones((counts[RANK] + 1, 2)), counts=counts)

@@ -1,0 +1,123 @@
+"""Every algorithm's schedule, run for all ranks of a simulated world in one process (no MPI):
+- what rank a sends rank b, message by message and size by size, is what b posts receives for,
+  in the same order (calls share a tag, so a message left over would be taken by the next call);
+- no receive is posted into memory that a pending receive or send still uses, or that holds
+  data received but not yet reduced, copied or sent on.
+
+Timing cannot break a schedule that passes these: it is what MPI may do at any speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpiring.algorithms import ALGORITHMS, broadcast_ring, reduce_scatter_ring_pipelined
+from mpiring.backend import NUMPY
+from mpiring.ring import Scratch, Step, split_bounds
+
+
+class CheckingRing:
+    """A rank's view of the ring that records posts and checks every receive buffer."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.left, self.right = (rank - 1) % size, (rank + 1) % size
+        self.sent: dict[int, list[int]] = {}  # destination -> sizes, in posting order
+        self.received: dict[int, list[int]] = {}  # source -> sizes, in posting order
+        self.pending: dict[int, tuple[list, list]] = {}  # id(step) -> (receive buffers, send buffers)
+        self.unconsumed: list = []  # received, not yet reduced, copied or sent on
+
+    def position(self, root: int) -> int:
+        return (self.rank - root) % self.size
+
+    def rank_at(self, position: int, root: int) -> int:
+        return (root + position) % self.size
+
+    def scratch(self, backend, count, dtype):
+        return Scratch(np.empty(count, dtype))
+
+    def post(self, backend, tag, sends=(), receives=()):
+        busy = [b for receives_, sends_ in self.pending.values() for b in receives_ + sends_] + self.unconsumed
+        for buf, source in receives:
+            clash = [b for b in busy if buf.size and b.size and np.shares_memory(buf, b)]
+            assert not clash, f"rank {self.rank}: a receive from {source} lands on memory still in use"
+            self.received.setdefault(source, []).append(buf.nbytes)
+        for buf, dest in sends:
+            self.sent.setdefault(dest, []).append(buf.nbytes)
+        step = Step()
+        self.pending[id(step)] = ([b for b, _ in receives], [b for b, _ in sends])
+        return step
+
+    def completed(self, step) -> None:
+        receives, sends = self.pending.pop(id(step))
+        self.consume(*sends)
+        self.unconsumed.extend(receives)
+
+    def consume(self, *buffers) -> None:
+        self.unconsumed = [u for u in self.unconsumed if not any(
+            u.size and b.size and np.shares_memory(u, b) for b in buffers)]
+
+
+class CheckingBackend:
+    """NumPy, telling the ring which received data each reduction or copy has used."""
+
+    def __init__(self, ring: CheckingRing) -> None:
+        self.ring = ring
+        self.name, self.xp, self.staged = "checking", np, False
+
+    def __getattr__(self, name):
+        return getattr(NUMPY, name)
+
+    def combine(self, op, a, b, out):
+        self.ring.consume(a, b)
+        NUMPY.combine(op, a, b, out)
+
+    def copy(self, dst, src):
+        self.ring.consume(src)
+        NUMPY.copy(dst, src)
+
+
+def _steps(collective, algorithm, ring, backend, length, root):
+    p, r = ring.size, ring.rank
+    bounds = split_bounds(length, p)
+    run = ALGORITHMS[collective][algorithm]
+    x = np.arange(length, dtype=np.float64) + r
+    if collective == "broadcast":
+        return run(ring, backend, 1, root, x)
+    if collective == "reduce":
+        return run(ring, backend, 1, root, x, np.empty(length) if r == root else None, "sum")
+    if collective == "allreduce":
+        return run(ring, backend, 1, x, np.empty(length), "sum")
+    if collective == "reduce_scatter":
+        return run(ring, backend, 1, x, bounds, "sum", np.empty(bounds[r + 1] - bounds[r]))
+    if collective == "allgather":
+        return run(ring, backend, 1, np.zeros(length), bounds)
+    if collective == "gather":
+        return run(ring, backend, 1, root, x[bounds[r]:bounds[r + 1]], np.empty(length) if r == root else None,
+                   bounds)
+    if collective == "scatter":
+        return run(ring, backend, 1, root, x if r == root else None, np.empty(bounds[r + 1] - bounds[r]), bounds)
+    return run(ring, 1)  # barrier
+
+
+CASES = [(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms]
+
+
+@pytest.mark.parametrize("collective, algorithm", CASES, ids=[f"{c}-{a}" for c, a in CASES])
+def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, algorithm):
+    monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)  # two float64 per segment
+    monkeypatch.setattr(broadcast_ring, "SEGMENT_BYTES", 16)
+    for p in (1, 2, 3, 4, 5, 7, 8):
+        for length in sorted({0, 1, p - 1, p + 1, 3 * p + 2, 37}):
+            root = length % p
+            rings = [CheckingRing(r, p) for r in range(p)]
+            for ring in rings:
+                for step in _steps(collective, algorithm, ring, CheckingBackend(ring), length, root):
+                    ring.completed(step)
+                assert not ring.pending, f"rank {ring.rank}: steps posted and never waited for"
+            for a in range(p):
+                for b in range(p):
+                    assert rings[a].sent.get(b, []) == rings[b].received.get(a, []), (
+                        f"{collective} {algorithm} p={p} length={length}: rank {a} sends rank {b} "
+                        f"{rings[a].sent.get(b, [])} bytes, which posts receives for {rings[b].received.get(a, [])}")
