@@ -79,6 +79,9 @@ class PersistentRequest:
     request, and `wait()` returns the result. Every rank must start its requests, and call its
     other collectives, in the same order. The arrays given when it was made are bound to it:
     change their contents between runs, not the arrays. `free()` releases it.
+
+    A planned request runs its plan's exchanges itself (start the next when one completes); any
+    other (an unplanned call, or a plan whose steps overlap) runs through a CollectiveRequest.
     """
 
     def __init__(self, ring: Ring, call: Call, plan: Plan | None,
@@ -88,47 +91,126 @@ class PersistentRequest:
         self._plan = plan  # None: an unplanned call, replayed through its generator each start
         self._replay = replay
         self._started = started  # the communicator's per-call checks (broken, freed, thread, count)
-        self._run: CollectiveRequest | None = None
+        self._run: CollectiveRequest | None = None  # a generator-driven run
+        self._position = -1  # a planned run: the exchange in flight (-1: never started)
+        self._running = False
         self._freed = False
 
     def start(self) -> None:
         """Begin a run (the previous one must have completed)."""
+        collective = self._call.collective
         if self._freed:
-            raise RuntimeError(f"this persistent {self._call.collective} request was freed")
-        if self._run is not None and not self._run.done:
-            raise RuntimeError(f"this persistent {self._call.collective} request is still running: "
+            raise RuntimeError(f"this persistent {collective} request was freed")
+        if self._running:
+            raise RuntimeError(f"this persistent {collective} request is still running: "
                                "wait() for it before starting it again")
         self._started()
-        self._call.step = 0
-        if self._plan is not None:
-            count_traffic(self._ring, self._plan)
-            steps = plan_steps(self._plan)
+        ring, call, plan = self._ring, self._call, self._plan
+        call.step = 0
+        self._running = True
+        if plan is None or plan.exchanges is None:
+            if plan is not None:
+                count_traffic(ring, plan)
+                steps = plan_steps(plan)
+            else:
+                call.tag = ring.next_tag()  # each replay is a new call with its own tag
+                steps = self._replay()
+            self._run = CollectiveRequest(ring, steps, call)
+            self._running = not self._run.done
+            return
+        count_traffic(ring, plan)
+        for work in plan.prologue:
+            work()
+        self._position = 0
+        if plan.exchanges:
+            _startall(plan.exchanges[0][1])
+            ring.in_flight.append(self)
         else:
-            self._call.tag = self._ring.next_tag()  # each replay is a new call with its own tag
-            steps = self._replay()
-        self._run = CollectiveRequest(self._ring, steps, self._call)
+            self._running = False
+
+    def progress(self) -> bool:
+        """Advance as far as possible without blocking (Ring.wait_step calls it for requests in
+        flight while another one waits); True once the run is complete."""
+        if self._run is not None:
+            self._running = not self._run.progress()
+            return not self._running
+        exchanges, ring, call = self._plan.exchanges, self._ring, self._call
+        try:
+            while self._running and ring.is_complete(exchanges[self._position][0], call):
+                self._next()
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._abandon(error)
+            raise
+        return not self._running
 
     def test(self) -> bool:
         """True once the run started last has completed (advancing it, never blocking)."""
-        return self._active().test()
+        self._check_started()
+        if not self._running:
+            return True
+        self._ring.claim(self._call.collective)
+        if self._run is not None:
+            done = self._run.test()
+            self._running = not done
+            return done
+        return self.progress()
 
     def wait(self) -> Any:
         """Block until the run started last completes; return its result."""
-        return self._active().wait()
+        self._check_started()
+        ring, call = self._ring, self._call
+        if self._run is not None:
+            result = self._run.wait()
+            self._running = False
+            return result
+        if self._running:
+            ring.claim(call.collective)
+            exchanges = self._plan.exchanges
+            try:
+                while self._running:
+                    ring.wait_step(exchanges[self._position][0], call, self)
+                    self._next()
+            except (CollectiveTimeout, CommunicationError) as error:
+                self._abandon(error)
+                raise
+        return self._plan.result
 
     @property
     def result(self) -> Any:
-        return self._active().result
+        """The result once test() has returned True (or wait() returned)."""
+        self._check_started()
+        if self._run is not None:
+            return self._run.result
+        if self._running:
+            raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
+        return self._plan.result
 
     def free(self) -> None:
         """Release the request's MPI resources (not while a run is in flight)."""
-        if self._run is not None and not self._run.done:
+        if self._running:
             raise RuntimeError(f"this persistent {self._call.collective} request is still running: wait() first")
         if not self._freed and self._plan is not None:
             self._plan.free()
         self._freed = True
 
-    def _active(self) -> CollectiveRequest:
-        if self._run is None:
+    def _next(self) -> None:
+        """The exchange in flight has completed: do its work, start the next one."""
+        exchanges = self._plan.exchanges
+        for work in exchanges[self._position][4]:
+            work()
+        self._position += 1
+        if self._position < len(exchanges):
+            _startall(exchanges[self._position][1])
+        else:
+            self._running = False
+            self._ring.in_flight.remove(self)
+
+    def _abandon(self, error: BaseException) -> None:
+        self._running = False
+        if self in self._ring.in_flight:
+            self._ring.in_flight.remove(self)
+        self._ring.abandon(self._call, error, self._plan)  # keeps its buffers: MPI may still write them
+
+    def _check_started(self) -> None:
+        if self._position < 0 and self._run is None:
             raise RuntimeError(f"this persistent {self._call.collective} request was never started: call start()")
-        return self._run
