@@ -24,14 +24,15 @@ from mpiring.ring import Ring, Steps, split_bounds
 
 def allreduce_rabenseifner(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:
     """Reduce flat `src` over all ranks into flat `out` (which may be `src` itself)."""
-    if out is not src:
-        backend.copy(out, src)
     fold = Fold(ring.rank, ring.size)
     vbounds = split_bounds(out.size, fold.p2)
     with ring.scratch(backend, out.size, out.dtype) as scratch:
-        yield from fold_in(ring, backend, tag, fold, out, scratch, op)
+        # the partial sums are `src` until the first combine writes them into `out` (no copy first)
+        yield from fold_in(ring, backend, tag, fold, src, scratch, op, out)
         if not fold.sits_out:
-            yield from halving_steps(ring, backend, tag, fold, out, scratch, vbounds, op)
+            work = out if fold.partner is not None else src
+            if (yield from halving_steps(ring, backend, tag, fold, work, scratch, vbounds, op, out)) is not out:
+                backend.copy(out, src)  # one rank: nothing was combined
     if not fold.sits_out:
         me = fold.virtual
         backend.finish(op, out[vbounds[me] : vbounds[me + 1]], ring.size)

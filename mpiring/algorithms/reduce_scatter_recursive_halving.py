@@ -25,9 +25,15 @@ from mpiring.ring import Ring, Steps
 
 
 def halving_steps(
-    ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, vbounds: list[int], op: str
+    ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, vbounds: list[int], op: str,
+    dest: Any = None,
 ) -> Steps:
-    """Reduce `work` so that virtual rank v holds segment v ([vbounds[v], vbounds[v+1])) reduced."""
+    """Reduce `work` so that virtual rank v holds segment v ([vbounds[v], vbounds[v+1])) reduced.
+
+    Combines write into `dest` (default: `work` itself), so the input need not be copied first;
+    returns the array that holds the result (`work` when there was nothing to combine).
+    """
+    dest = work if dest is None else dest
     me = fold.virtual
     lo, hi = 0, fold.p2  # the window of segments still held, [lo, hi)
     mask = fold.p2 >> 1
@@ -42,11 +48,13 @@ def halving_steps(
             backend, tag, sends=[(work[g0:g1], fold.real(partner))], receives=[(incoming, fold.real(partner))]
         )
         if me < partner:
-            backend.combine(op, work[k0:k1], incoming, work[k0:k1])
+            backend.combine(op, work[k0:k1], incoming, dest[k0:k1])
         else:
-            backend.combine(op, incoming, work[k0:k1], work[k0:k1])
+            backend.combine(op, incoming, work[k0:k1], dest[k0:k1])
+        work = dest
         lo, hi = keep
         mask >>= 1
+    return work
 
 
 def virtual_bounds(fold: Fold, bounds: list[int]) -> list[int]:
@@ -61,13 +69,15 @@ def reduce_scatter_recursive_halving(
     r = ring.rank
     fold = Fold(r, ring.size)
     with ring.scratch(backend, 2 * src.size, src.dtype) as both:
-        work, scratch = both[: src.size], both[src.size :]
-        backend.copy(work, src)
-        yield from fold_in(ring, backend, tag, fold, work, scratch, op)
+        dest, scratch = both[: src.size], both[src.size :]
+        # the partial sums are `src` until the first combine writes them into `dest` (no copy first)
+        yield from fold_in(ring, backend, tag, fold, src, scratch, op, dest)
         if fold.sits_out:
             yield ring.post(backend, tag, receives=[(result, fold.partner)])
         else:
-            yield from halving_steps(ring, backend, tag, fold, work, scratch, virtual_bounds(fold, bounds), op)
+            work = dest if fold.partner is not None else src
+            work = yield from halving_steps(ring, backend, tag, fold, work, scratch, virtual_bounds(fold, bounds), op,
+                                            dest)
             if fold.partner is not None:  # hand the even partner its chunk
                 p_lo, p_hi = bounds[fold.partner], bounds[fold.partner + 1]
                 yield ring.post(backend, tag, sends=[(work[p_lo:p_hi], fold.partner)])
