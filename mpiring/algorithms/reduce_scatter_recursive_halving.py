@@ -26,12 +26,13 @@ from mpiring.ring import Ring, Steps
 
 def halving_steps(
     ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, vbounds: list[int], op: str,
-    dest: Any = None,
+    dest: Any = None, last: Any = None,
 ) -> Steps:
     """Reduce `work` so that virtual rank v holds segment v ([vbounds[v], vbounds[v+1])) reduced.
 
     Combines write into `dest` (default: `work` itself), so the input need not be copied first;
-    returns the array that holds the result (`work` when there was nothing to combine).
+    the last one writes into `last` instead when given (the segment's own place, saving a copy).
+    Returns the array that holds the result (`work` when there was nothing to combine).
     """
     dest = work if dest is None else dest
     me = fold.virtual
@@ -47,10 +48,11 @@ def halving_steps(
         yield ring.post(
             backend, tag, sends=[(work[g0:g1], fold.real(partner))], receives=[(incoming, fold.real(partner))]
         )
+        into = last if mask == 1 and last is not None else dest[k0:k1]
         if me < partner:
-            backend.combine(op, work[k0:k1], incoming, dest[k0:k1])
+            backend.combine(op, work[k0:k1], incoming, into)
         else:
-            backend.combine(op, incoming, work[k0:k1], dest[k0:k1])
+            backend.combine(op, incoming, work[k0:k1], into)
         work = dest
         lo, hi = keep
         mask >>= 1
@@ -75,11 +77,13 @@ def reduce_scatter_recursive_halving(
         if fold.sits_out:
             yield ring.post(backend, tag, receives=[(result, fold.partner)])
         else:
-            work = dest if fold.partner is not None else src
-            work = yield from halving_steps(ring, backend, tag, fold, work, scratch, virtual_bounds(fold, bounds), op,
-                                            dest)
-            if fold.partner is not None:  # hand the even partner its chunk
+            folded = fold.partner is not None  # this rank's segment then holds its partner's chunk too
+            direct = not folded and fold.p2 > 1  # the last combine writes this rank's chunk into result
+            work = yield from halving_steps(ring, backend, tag, fold, dest if folded else src, scratch,
+                                            virtual_bounds(fold, bounds), op, dest, result if direct else None)
+            if folded:  # hand the even partner its chunk
                 p_lo, p_hi = bounds[fold.partner], bounds[fold.partner + 1]
                 yield ring.post(backend, tag, sends=[(work[p_lo:p_hi], fold.partner)])
-            backend.copy(result, work[bounds[r] : bounds[r + 1]])
+            if not direct:
+                backend.copy(result, work[bounds[r] : bounds[r + 1]])
     backend.finish(op, result, ring.size)
