@@ -108,6 +108,14 @@ class Communicator:
         """Bytes and messages this communicator has handed to MPI; `traffic.reset()` zeroes them."""
         return self._ring.traffic
 
+    def plan_of(self, collective: str, x: Any = None, out: Any = None) -> Plan | None:
+        """The plan a blocking `collective` call with these very arrays replays (None if it has
+        none yet): for tools, tests and the benchmark (docs/engine.md)."""
+        for plan in self._plans.table.values():
+            if type(plan) is Plan and plan.call.collective == collective and plan.x is x and plan.out is out:
+                return plan
+        return None
+
     def free(self) -> None:
         """Release the private MPI communicator (collective; a second call does nothing).
 

@@ -28,6 +28,7 @@ from mpi4py import MPI
 from mpiring.bench.device import Device
 from mpiring.bench.options import Options
 from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
+from mpiring.engine.executor import messages_only
 from mpiring.ops import AVG, PROD
 
 # Fills for result buffers before the check: outside every value the inputs can produce, and
@@ -130,6 +131,19 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
     )
 
 
+def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p: MPI.Intracomm, count: int,
+            itemsize: int) -> Callable[[], None]:
+    """The ceiling: the messages of mpiring's plan for this call, replayed without its arithmetic
+    (mpiring.engine.executor.messages_only). Calls that are not planned (device buffers) replay
+    the ring algorithm's schedule with bare point-to-point calls instead."""
+    x = buffers.x if row.name != "scatter" or setup.rank == setup.root else None
+    plan = setup.comm.plan_of(row.name, x, buffers.ours)
+    if plan is not None:
+        return messages_only(plan)
+    steps = row.ceiling(setup.size, setup.rank, setup.root, count, itemsize)
+    return ceiling_runner(p2p, steps, itemsize, device.native_xp)
+
+
 def ceiling_runner(
     p2p: MPI.Intracomm, steps: list[CeilingStep], itemsize: int, xp: Any
 ) -> Callable[[], None]:
@@ -198,13 +212,11 @@ def measure(
     """Run one size of one collective (collective over all ranks); every rank gets the Result."""
     world = setup.mpi
     buffers = make_buffers(row, setup, device, count, options.dtype)
-    steps = row.ceiling(setup.size, setup.rank, setup.root, count, options.dtype.itemsize)
-    calls = (
-        partial(row.ours, setup, buffers),
-        partial(row.native, setup, buffers),
-        ceiling_runner(p2p, steps, options.dtype.itemsize, device.native_xp),
-    )
-    for call in calls:
+    ours, native = partial(row.ours, setup, buffers), partial(row.native, setup, buffers)
+    for _ in range(max(options.warmup, 2)):  # the second call builds the plan the ceiling replays
+        ours()
+    calls = (ours, native, ceiling(row, setup, buffers, device, p2p, count, options.dtype.itemsize))
+    for call in calls[1:]:
         for _ in range(options.warmup):
             call()
     wrong = count_wrong(row, setup, buffers, device)

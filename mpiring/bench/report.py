@@ -145,8 +145,8 @@ def preamble(meta: dict[str, Any]) -> str:
         f"# {meta['statistic']}",
         "# algbw = S/time, busbw = algbw * bus factor (nccl-tests); ratio = native time / mpiring time "
         "(> 1: mpiring faster);",
-        "# p2p ceiling = the ring's messages as bare Sendrecv; eff = ceiling time / mpiring time; "
-        "#wrong = elements differing from native",
+        "# ceiling = the messages of mpiring's plan alone, without its arithmetic (unplanned device calls: the "
+        "ring's, as bare Sendrecv); eff = ceiling time / mpiring time; #wrong = elements differing from native",
     ])
 
 

@@ -8,7 +8,9 @@ As in nccl-tests (src/common.h), a collective supplies only its pieces and the h
 - `bus_factor(n)`: busbw = algbw * bus_factor, nccl-tests' factors;
 - `input_elems` / `output_elems`: buffer lengths on this rank (None: no buffer here);
 - `ours` / `native`: one call of mpiring's collective and of mpi4py's own one;
-- `ceiling`: the point-to-point schedule of mpiring's ring algorithm for that collective, as a
+- `ceiling`: for calls mpiring does not plan (device buffers; planned calls replay their plan's
+  own messages instead, mpiring.bench.harness.ceiling), the point-to-point schedule of mpiring's
+  ring algorithm for that collective, as a
   list of steps `(elements sent right | None, elements received from left | None)`. The harness
   replays it with bare Sendrecv/Send/Recv on preallocated buffers: no reduction, no Python
   bookkeeping, so its time is what the transport allows for the ring's messages.

@@ -12,7 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiring.engine.plan import START, WAIT, Plan, plan_steps
+from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
 from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps
 
@@ -70,6 +70,22 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
         ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
         raise
     return plan.result.copy() if plan.copy_result else plan.result
+
+
+def messages_only(plan: Plan) -> Callable[[], None]:
+    """A replay of the plan's messages alone: its persistent requests started and waited for,
+    step by step, without the arithmetic, the checks or the bookkeeping. The benchmark's
+    ceiling: what the transport allows for the schedule that actually ran."""
+    messages = [(kind, item if kind == START else item.requests) for kind, item in plan.actions if kind != WORK]
+
+    def replay() -> None:
+        for kind, requests in messages:
+            if kind == START:
+                _startall(requests)
+            else:
+                _waitall(requests)
+
+    return replay
 
 
 class PersistentRequest:
