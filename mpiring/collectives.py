@@ -19,9 +19,6 @@ from mpiring.ring import Call, Ring, Steps, bounds_from_counts, split_bounds
 from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 
-# Every collective, in the order the API lists them.
-NAMES = ("broadcast", "reduce", "allreduce", "gather", "allgather", "scatter", "reduce_scatter", "barrier")
-
 # Per-rank record of the layout exchange that gather and allgather run first.
 LAYOUT_FIELDS = 3  # rows, signature (dtype and trailing shape), state of out= (see below)
 LAYOUT_BYTES = LAYOUT_FIELDS * 8

@@ -45,6 +45,8 @@ class Built(NamedTuple):
     body: Callable[[Any], Steps]  # the call's steps for a backend (its own, or a plan's recorder)
     plannable: bool  # whether it may be recorded as a plan
     exchanging: bool = False  # whether it exchanges a layout before the data (see Ring.blocking_tag)
+
+
 _NDARRAY = numpy.ndarray
 
 
@@ -88,7 +90,6 @@ class Communicator:
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
-        self._builders = {name: getattr(self, "_" + name) for name in collectives.NAMES}
 
     @property
     def rank(self) -> int:
@@ -164,7 +165,7 @@ class Communicator:
         self._ring.claim(collective)
         taken = self._ring.calls
         try:
-            return self._builders[collective](*args)
+            return getattr(self, "_" + collective)(*args)  # _allreduce and the like, below
         except BaseException:
             if self._ring.calls == taken:
                 self._ring.next_tag()

@@ -46,6 +46,7 @@ from typing import Any
 import numpy
 
 from mpiring.backend import NUMPY
+from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
 from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
 
@@ -69,10 +70,9 @@ RECORD = numpy.dtype([
 ])
 assert RECORD.fields["seq"][1] == 0 and RECORD.itemsize % 8 == 0  # Checker writes seq as word 0
 
-_REDUCTIONS = ("reduce", "allreduce", "reduce_scatter")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
-_GATHERING = ("gather", "allgather")  # compare the row shape only: row counts may differ
-_NO_DATA = ("barrier", "scatter")  # scatter: only the root knows the dtype and shape
+# gathering collectives compare the row shape only (row counts may differ); scatter has no data
+# field: only the root knows the dtype and shape
+_REDUCTIONS, _ROOTED, _GATHERING, _NO_DATA = REDUCING, ROOTED, JOINING, WITHOUT_DATA
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")

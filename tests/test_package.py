@@ -115,3 +115,20 @@ def test_running_out_of_communicators_says_to_free_them():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "raised after" in result.stdout and "free() each one it no longer needs" in result.stdout, result.stdout
+
+
+def test_the_catalogue_is_what_every_table_and_the_api_follow():
+    import inspect
+
+    from mpiring.algorithms import ALGORITHMS
+    from mpiring.bench.table import COLLECTIVES
+    from mpiring.catalogue import CATALOGUE
+    from mpiring.selection import SWITCH_POINTS
+
+    assert list(ALGORITHMS) == list(SWITCH_POINTS) == list(COLLECTIVES) == list(CATALOGUE)
+    for name, entry in CATALOGUE.items():
+        assert (COLLECTIVES[name].reduces, COLLECTIVES[name].rooted) == (entry.reduces, entry.rooted), name
+        for method in (name, f"i{name}", f"{name}_init"):
+            parameters = inspect.signature(getattr(mpiring.Communicator, method)).parameters
+            assert ("op" in parameters, "root" in parameters) == (entry.reduces, entry.rooted), method
+            assert ("counts" in parameters) == (entry.joins_rows or name == "scatter"), method

@@ -15,12 +15,11 @@ from typing import Any
 import numpy
 
 from mpiring.backend import SUPPORTED_DTYPES
+from mpiring.catalogue import NAMES, REDUCING
 from mpiring.launch import RankZeroArgumentParser
 from mpiring.ops import OPS, SUM, op_problem
 
-COLLECTIVE_NAMES = (
-    "broadcast", "reduce", "allreduce", "gather", "allgather", "scatter", "reduce_scatter", "barrier",
-)
+COLLECTIVE_NAMES = NAMES
 PROG = "mpiring-bench"
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -137,9 +136,7 @@ def _check(args: argparse.Namespace) -> Options:
     if args.factor <= 1 and args.min_bytes != args.max_bytes:
         raise UsageError(f"--factor must be > 1 to sweep from --min-bytes to --max-bytes, got {args.factor}")
     dtype = numpy.dtype(args.dtype)
-    from mpiring.bench.table import COLLECTIVES
-
-    if any(COLLECTIVES[name].reduces for name in collectives):
+    if any(name in REDUCING for name in collectives):
         problem = op_problem(args.op, dtype.kind)
         if problem:
             raise UsageError(f"--op {args.op} with --dtype {dtype}: {problem}")

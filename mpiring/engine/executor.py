@@ -34,7 +34,7 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
     """
     call = plan.call
     call.timeout = timeout
-    traffic, once = ring.traffic, plan.traffic
+    traffic, once = ring.traffic, plan.traffic  # count_traffic, inline: a call costs 0.1 us here
     traffic.bytes_sent += once.bytes_sent
     traffic.bytes_received += once.bytes_received
     traffic.messages += once.messages

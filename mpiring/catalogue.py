@@ -1,0 +1,48 @@
+"""The catalogue of collectives: each one's name and the facts other modules follow from it
+(the consistency check's fingerprint fields, the benchmark's rows and options, the algorithm and
+selection tables, the Communicator's methods; tests/test_package.py checks they all agree).
+
+    name            reduces  rooted  joins rows  data known to every rank
+    broadcast                yes                 yes
+    reduce          yes      yes                 yes
+    allreduce       yes                          yes
+    gather                   yes     yes         yes (row counts may differ)
+    allgather                        yes         yes (row counts may differ)
+    scatter                  yes                 no: only the root holds x
+    reduce_scatter  yes                          yes
+    barrier                                      no data
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    reduces: bool = False  # takes op=
+    rooted: bool = False  # takes root=
+    joins_rows: bool = False  # joins the ranks' x along axis 0: only the row shape must agree
+    has_data: bool = True  # every rank passes x (scatter: the root only; barrier: none)
+
+
+CATALOGUE: dict[str, Entry] = {
+    e.name: e
+    for e in (
+        Entry("broadcast", rooted=True),
+        Entry("reduce", reduces=True, rooted=True),
+        Entry("allreduce", reduces=True),
+        Entry("gather", rooted=True, joins_rows=True),
+        Entry("allgather", joins_rows=True),
+        Entry("scatter", rooted=True, has_data=False),
+        Entry("reduce_scatter", reduces=True),
+        Entry("barrier", has_data=False),
+    )
+}
+
+NAMES = tuple(CATALOGUE)
+REDUCING = tuple(e.name for e in CATALOGUE.values() if e.reduces)
+ROOTED = tuple(e.name for e in CATALOGUE.values() if e.rooted)
+JOINING = tuple(e.name for e in CATALOGUE.values() if e.joins_rows)
+WITHOUT_DATA = tuple(e.name for e in CATALOGUE.values() if not e.has_data)
