@@ -8,6 +8,7 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from functools import partial
@@ -49,6 +50,10 @@ class Built(NamedTuple):
 
 _NDARRAY = numpy.ndarray
 
+# How long a collective step waits by default before raising CollectiveTimeout (torch.distributed's
+# default): long enough for any honest imbalance, short enough that a lost rank ends the job.
+DEFAULT_TIMEOUT = 600.0
+
 
 class Communicator:
     """Ring collectives over an mpi4py intracommunicator (COMM_WORLD by default).
@@ -56,9 +61,10 @@ class Communicator:
     Creating one is collective: every rank of `comm` must do it. mpiring's messages travel on
     a private duplicate of `comm`, so they never mix with the caller's own messages.
 
-    `timeout` (seconds; default from the MPIRING_TIMEOUT environment variable, else none) bounds
-    how long any collective of this communicator waits for a step before raising
-    `CollectiveTimeout`; each call may override it with its own `timeout=`.
+    `timeout` (seconds; default from the MPIRING_TIMEOUT environment variable, else 10 minutes,
+    as in torch.distributed) bounds how long any collective of this communicator waits for a
+    step before raising `CollectiveTimeout`, so no job hangs for ever by default; `math.inf` (or
+    MPIRING_TIMEOUT=none) waits without limit. Each call may override it with its own `timeout=`.
 
     `check` (default from the MPIRING_CHECK environment variable, else off) makes every
     collective first compare a fingerprint of its call across the ranks and raise
@@ -73,9 +79,9 @@ class Communicator:
         if comm is None:  # a launcher that started N processes but not one N-rank job: say so now
             check_world_size(base.Get_size())
         read_environment()
-        if timeout is None and os.environ.get("MPIRING_TIMEOUT"):
-            timeout = _env_timeout()
-        self.timeout = check_timeout("Communicator", timeout)
+        if timeout is None:
+            timeout = _env_timeout() if os.environ.get("MPIRING_TIMEOUT", "").strip() else DEFAULT_TIMEOUT
+        self.timeout = check_timeout("Communicator", timeout)  # None: no limit
         self._mpi = base
         self._freed = False
         try:
@@ -514,11 +520,14 @@ def _plannable(backend: Any, x: Any, out: Any) -> bool:
 
 
 def _env_timeout() -> float:
-    text = os.environ["MPIRING_TIMEOUT"]
+    text = os.environ["MPIRING_TIMEOUT"].strip()
+    if text.lower() in ("none", "inf", "off"):
+        return math.inf
     try:
         return float(text)
     except ValueError:
-        raise ArgumentError("Communicator", "MPIRING_TIMEOUT", f"must be a number of seconds, got {text!r}") from None
+        raise ArgumentError("Communicator", "MPIRING_TIMEOUT", f"must be a number of seconds or none, got {text!r}"
+                            ) from None
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:

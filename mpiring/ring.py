@@ -48,6 +48,9 @@ _MIN_TAG_UB = 32767
 _POOL_FROM_BYTES = 64 * 1024
 _POOL_BUFFERS = 4
 
+# A timed wait spins this long before it starts pausing between tests (Ring.poll).
+_SPIN_SECONDS = 50e-6
+
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
@@ -303,7 +306,7 @@ class Ring:
             elif call.timeout is None:
                 MPI.Request.Waitall(step.requests, statuses)
             else:
-                self._poll(step, statuses, call)
+                self.poll(step, statuses, call)
         except MPI.Exception as error:
             raise self.mpi_error(call, error, step, statuses) from error
         self._finish(step, statuses, call)
@@ -342,17 +345,21 @@ class Ring:
                 time.sleep(pause)
             pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
 
-    def _poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
-        deadline = time.monotonic() + call.timeout
+    def poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+        """Wait for a step until `call.timeout`: spin for the first 50 us (a small message's
+        peer is usually that close), then pause 10 us doubling to 1 ms between tests, leaving
+        the core to oversubscribed ranks doing work."""
+        now = time.monotonic()
+        deadline, spin_until = now + call.timeout, now + _SPIN_SECONDS
         pause = 0.0
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
             if now >= deadline:
                 self._raise_timeout(step, call)
                 continue  # all arrived at the deadline: the next Testall completes the step
-            if pause:
+            if now >= spin_until:
+                pause = min(max(pause * 2, 1e-5), 1e-3)
                 time.sleep(min(pause, deadline - now))
-            pause = min(max(pause * 2, 1e-5), 1e-3)  # spin once, then 10 us doubling to 1 ms
 
     def _raise_timeout(self, step: Step, call: Call) -> None:
         """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
@@ -456,8 +463,16 @@ class CollectiveRequest:
             self._step = next(self._steps)
         except StopIteration as finished:
             self._done, self._result, self._step = True, finished.value, None
-            if self in self._ring.in_flight:
-                self._ring.in_flight.remove(self)
+            self._leave()
+        except BaseException:  # the collective raised (a mismatch every rank found): it is over
+            self._done, self._step = True, None
+            self._leave()
+            raise
+
+    def _leave(self) -> None:
+        """Leave the communicator's set of collectives in flight, so later waits skip it."""
+        if self in self._ring.in_flight:
+            self._ring.in_flight.remove(self)
 
     def test(self) -> bool:
         """Make what progress is possible without blocking; True once the collective is done."""

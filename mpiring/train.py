@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "traffic theory assumes) (default: %(default)s)")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="a collective that waits longer for a peer fails, naming the missing rank "
-                        "(default: $MPIRING_TIMEOUT, else no limit)")
+                        "(default: $MPIRING_TIMEOUT, else 600; inf: no limit)")
     p.add_argument("--report", metavar="FILE.json", help="write the run's measurements as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the loss curve (needs matplotlib)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (one directory each)")

@@ -115,11 +115,16 @@ def check_out(collective: str, out: Any, shape: tuple[int, ...], dtype: Any, bac
 
 
 def check_timeout(collective: str, timeout: Any) -> float | None:
-    if timeout is None:
-        return None
+    """Seconds to wait, or None for no limit (`math.inf`); `timeout=None` never reaches here:
+    the caller first replaces it with its default."""
+    if type(timeout) is float and 0 < timeout < math.inf:  # the common case, without the ABC checks
+        return timeout
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise ArgumentTypeError(collective, "timeout", f"must be a number of seconds or None, got {timeout!r}")
+        raise ArgumentTypeError(collective, "timeout",
+                                f"must be a number of seconds, math.inf or None, got {timeout!r}")
+    if timeout == math.inf:
+        return None
     if not (timeout > 0 and math.isfinite(timeout)):
-        raise ArgumentError(collective, "timeout", f"must be a positive, finite number of seconds or None, "
-                            f"got {timeout!r}")
+        raise ArgumentError(collective, "timeout", f"must be a positive number of seconds, math.inf (no limit) or "
+                            f"None, got {timeout!r}")
     return float(timeout)

@@ -229,6 +229,32 @@ def goals_section(runs: dict[tuple[str, int], dict]) -> list[str]:
     return lines + table(header, rows) + [""]
 
 
+def plan_targets_section(runs: dict[tuple[str, int], dict]) -> list[str]:
+    """Issue 11's targets for planned collectives, worst case over the sizes in each range."""
+    lines = ["### Targets of the planned engine (issue 11)", "",
+             "Worst case over the sizes in range; slowdown = mpiring time / native time, speedup = its "
+             "inverse. Targets: slowdown <= 1.5 from 8 B to 4 KiB (barrier: at its one size) and <= 1.25 "
+             "from 64 KiB to 1 MiB; at 16 and 64 MiB a speedup >= 1.5 for allreduce and reduce_scatter "
+             "against MPICH, >= 1.0 for the rest; slowdown <= 2.0 at every size. n/a: no size in range.", ""]
+    rows = []
+    for (mpi, ranks), data in runs.items():
+        for (collective, _algorithm), mine in blocks(data["results"]).items():
+            small = [r for r in mine if r["size_bytes"] <= SMALL] if collective != "barrier" else mine
+            middle = [r for r in mine if 64 << 10 <= r["size_bytes"] <= 1 << 20]
+            big = [r for r in mine if r["size_bytes"] >= BIG]
+            fast = 1.5 if collective in ("allreduce", "reduce_scatter") and mpi == "mpich" else 1.0
+            rows.append([
+                MPI_NAMES[mpi], str(ranks), collective,
+                goal(small, slowdown, 1.5, at_least=False),
+                goal(middle, slowdown, 1.25, at_least=False) if collective != "barrier" else "n/a",
+                goal(big, lambda r: r["ratio"], fast, at_least=True) if collective != "barrier" else "n/a",
+                goal(mine, slowdown, ANY_SIZE_TARGET, at_least=False),
+            ])
+    header = ["MPI", "ranks", "collective", "slowdown 8 B-4 KiB", "slowdown 64 KiB-1 MiB", "speedup >= 16 MiB",
+              "slowdown any size"]
+    return lines + table(header, rows) + [""]
+
+
 def collective_tables(mpi: str, runs: dict[tuple[str, int], dict], plots: str, doc: str) -> list[str]:
     """One table per collective for one MPI: a row per size, columns per world size."""
     mine = {ranks: data for (m, ranks), data in runs.items() if m == mpi}
@@ -299,6 +325,7 @@ def generated_section(args: argparse.Namespace) -> str:
         with open(os.path.join(args.scratch, f"{run_name(mpi, ranks)}.cmd")) as stream:
             lines.append(stream.read().strip())
     lines += ["```", ""]
+    lines += plan_targets_section(runs)
     lines += goals_section(runs)
     for mpi in args.mpis:
         lines += collective_tables(mpi, runs, args.plots, args.doc)

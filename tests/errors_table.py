@@ -61,10 +61,11 @@ ROWS: list[Row] = [
         "`ArgumentError` at every collective: `argument 'MPIRING_ALGO': unknown algorithm 'nonsense' ...`"),
     Row("algorithm-env-partial", "`MPIRING_ALGO=binomial`: an algorithm some collectives have and others not",
         "the collectives that have it run it; the others stay on `auto` (no error)"),
-    Row("timeout-bad", "`timeout=` zero, negative, NaN or infinite (`1e400`), per call or `Communicator(timeout=)`",
-        "`ArgumentError`: `argument 'timeout': must be a positive, finite number of seconds or None, got -1`"),
+    Row("timeout-bad", "`timeout=` zero, negative or NaN, per call or `Communicator(timeout=)`",
+        "`ArgumentError`: `argument 'timeout': must be a positive number of seconds, math.inf (no limit) or "
+        "None, got -1`. `math.inf` (or `1e400`) waits without limit; None takes the default (10 minutes)"),
     Row("timeout-type", "`timeout=` a string or a bool",
-        "`ArgumentTypeError`: `argument 'timeout': must be a number of seconds or None, got '5'`"),
+        "`ArgumentTypeError`: `argument 'timeout': must be a number of seconds, math.inf or None, got '5'`"),
     Row("check-type", "`Communicator(check=\"no\")` (anything but True, False, None)",
         "`ArgumentTypeError` from `Communicator()`: `argument 'check': must be True, False or None, got 'no'` "
         "(it used to turn checks on)"),

@@ -181,9 +181,10 @@ def _(comm):
 
 @row("timeout-bad")
 def _(comm):
-    for bad in (0, -1, float("nan"), float("inf"), 1e400):
-        _argument_error(comm, lambda bad=bad: comm.allreduce(np.ones(2), timeout=bad), "timeout", "positive, finite")
-    _argument_error(comm, lambda: mpiring.Communicator(timeout=-1), "timeout", "positive, finite")
+    for bad in (0, -1, float("nan")):
+        _argument_error(comm, lambda bad=bad: comm.allreduce(np.ones(2), timeout=bad), "timeout", "positive number")
+    _argument_error(comm, lambda: mpiring.Communicator(timeout=-1), "timeout", "positive number")
+    np.testing.assert_array_equal(comm.allreduce(np.ones(2), timeout=1e400), np.full(2, float(N)))  # no limit
 
 
 @row("timeout-type")

@@ -284,3 +284,31 @@ def test_counts_skip_the_layout_exchange_and_are_checked(comm):
         comm.allgather(block, counts=[1] * (N + 1))  # every rank raises before any message moves
     with pytest.raises(mpiring.ArgumentError, match="counts"):
         comm.gather(np.ones((counts[RANK] + 1, 2)), counts=counts)
+
+
+@pytest.mark.skipif(N < 2, reason="needs a rank that stays away")
+def test_a_timed_out_plan_stays_referenced_with_its_buffers():
+    """MPI may still write into a timed-out call's buffers: the communicator keeps the plan."""
+    fresh = mpiring.Communicator(timeout=0.3)
+    x, out = np.ones(4), np.empty(4)
+    fresh.allreduce(x, out=out)
+    fresh.allreduce(x, out=out)  # planned
+    if RANK != N - 1:  # the last rank stays away from the third call
+        with pytest.raises(mpiring.CollectiveTimeout):
+            fresh.allreduce(x, out=out)
+        abandoned = fresh._ring.abandoned
+        assert any(isinstance(a, Plan) and a.x is x and a.out is out for a in abandoned), abandoned
+        with pytest.raises(mpiring.CommunicatorBrokenError):
+            fresh.allreduce(x, out=out)
+    WORLD.Barrier()
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks to disagree")
+def test_a_failed_nonblocking_call_leaves_no_trace(comm):
+    block = np.zeros((1, 2), np.float32 if RANK == 0 else np.float64)
+    request = comm.iallgather(block)
+    with pytest.raises(mpiring.CollectiveMismatchError):
+        request.wait()
+    assert comm._ring.in_flight == []
+    later = comm.iallreduce(np.full(3, 1.0))
+    assert_same(later.wait(), np.full(3, float(N)), "the next nonblocking call")

@@ -8,6 +8,7 @@ and is never used again (nor freed, which would need the skipping rank to match 
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -171,3 +172,17 @@ def test_a_bad_timeout_is_refused_before_any_message_moves(comm, monkeypatch):
     with pytest.raises(mpiring.ArgumentError, match="MPIRING_TIMEOUT"):
         mpiring.Communicator()
     np.testing.assert_array_equal(comm.allreduce(np.ones(2)), np.full(2, float(N)))
+
+
+def test_ten_minutes_by_default_and_no_limit_when_asked(monkeypatch):
+    """No job hangs for ever by default: torch.distributed's 10 minutes, unless turned off."""
+    monkeypatch.delenv("MPIRING_TIMEOUT", raising=False)
+    with mpiring.Communicator() as comm:
+        assert comm.timeout == 600.0
+    with mpiring.Communicator(timeout=math.inf) as comm:
+        assert comm.timeout is None
+        np.testing.assert_array_equal(comm.allreduce(np.ones(2)), np.full(2, float(N)))
+    for text in ("none", "inf", "off"):
+        monkeypatch.setenv("MPIRING_TIMEOUT", text)
+        with mpiring.Communicator() as comm:
+            assert comm.timeout is None
