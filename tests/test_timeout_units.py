@@ -68,10 +68,12 @@ def test_a_timeout_names_only_the_requests_still_pending(fake_mpi):
 
 
 def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):
-    """Between polls it sleeps, the pause doubling from 10 us to 1 ms (cores stay free)."""
-    pauses = []
+    """It spins 50 us, offers the core between polls up to 10 ms, then sleeps, the pause
+    doubling from 10 us to 1 ms (cores stay free during a long wait)."""
+    pauses, yields = [], []
     monkeypatch.setattr(ring_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(ring_module, "_yield_core", lambda: yields.append(1))
     with pytest.raises(CollectiveTimeout):
-        _poll(_step(_Request(finishes_at=None)), timeout=0.01)
-    assert pauses[:4] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5])
+        _poll(_step(_Request(finishes_at=None)), timeout=0.05)
+    assert yields and pauses[:4] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5])
     assert max(pauses) <= 1e-3
