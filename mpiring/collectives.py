@@ -14,8 +14,9 @@ from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.backend import NUMPY, NumpyBackend
+from mpiring.engine.partition import bounds_from_counts, split_bounds
 from mpiring.errors import ArgumentError, CollectiveMismatchError
-from mpiring.ring import Call, Ring, Steps, bounds_from_counts, split_bounds
+from mpiring.ring import Call, Ring, Steps
 from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 

@@ -1,5 +1,5 @@
-"""The ring: topology, segment arithmetic, the transport every algorithm talks through, and the
-driver that runs an algorithm's steps.
+"""The ring: topology, the transport every algorithm talks through, and the driver that runs
+an algorithm's steps (the split arithmetic is mpiring.engine.partition).
 
 An algorithm is a generator. Each `yield` hands back one `Step`: the point-to-point messages it
 has just posted (nonblocking). The driver completes the step and resumes the generator, which
@@ -54,27 +54,6 @@ _SPIN_SECONDS, _YIELD_SECONDS = 50e-6, 10e-3
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
-
-
-def split_bounds(total: int, parts: int) -> list[int]:
-    """Offsets of `parts` contiguous pieces of `total` items, as numpy.array_split cuts them.
-
-    The first total % parts pieces get one extra item; pieces may be empty. Piece i spans
-    [bounds[i], bounds[i+1]).
-    """
-    base, extra = divmod(total, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return bounds
-
-
-def bounds_from_counts(counts: Sequence[int], scale: int = 1) -> list[int]:
-    """Offsets of consecutive pieces of the given sizes, each multiplied by `scale`."""
-    bounds = [0]
-    for count in counts:
-        bounds.append(bounds[-1] + int(count) * scale)
-    return bounds
 
 
 @dataclass

@@ -10,7 +10,7 @@ from oracles import rank_input
 
 from mpiring.algorithms import ALGORITHMS
 from mpiring.collectives import LAYOUT_BYTES
-from mpiring.ring import split_bounds
+from mpiring.engine.partition import split_bounds
 
 pytestmark = pytest.mark.mpi
 

@@ -30,7 +30,7 @@ from oracles import NATIVE_OPS, native_reduction, numpy_reduce
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
-from mpiring.ring import split_bounds
+from mpiring.engine.partition import split_bounds
 
 # NumPy warns ("invalid value encountered in add") when arithmetic makes a NaN; so does mpiring's
 # reduction, which is NumPy's arithmetic (docs/reliability.md). Here the NaNs are the point.

@@ -14,7 +14,8 @@ from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.broadcast_ring import SEGMENT_BYTES, segment_count
 from mpiring.algorithms.reduce_scatter_ring_pipelined import segments
 from mpiring.backend import NUMPY
-from mpiring.ring import Ring, bounds_from_counts, split_bounds
+from mpiring.engine.partition import bounds_from_counts, split_bounds
+from mpiring.ring import Ring
 
 
 @pytest.mark.parametrize("total", [0, 1, 2, 7, 8, 100, 1001])

@@ -14,7 +14,8 @@ import pytest
 
 from mpiring.algorithms import ALGORITHMS, broadcast_ring, reduce_scatter_ring_pipelined
 from mpiring.backend import NUMPY
-from mpiring.ring import Scratch, Step, split_bounds
+from mpiring.engine.partition import split_bounds
+from mpiring.ring import Scratch, Step
 
 
 class CheckingRing:

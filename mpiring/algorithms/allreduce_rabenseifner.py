@@ -19,7 +19,8 @@ from mpiring.algorithms.allreduce_recursive_doubling import fold_in, fold_out
 from mpiring.algorithms.power_of_two import Fold
 from mpiring.algorithms.reduce_scatter_recursive_halving import halving_steps
 from mpiring.backend import NumpyBackend
-from mpiring.ring import Ring, Steps, split_bounds
+from mpiring.engine.partition import split_bounds
+from mpiring.ring import Ring, Steps
 
 
 def allreduce_rabenseifner(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

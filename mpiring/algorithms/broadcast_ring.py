@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
-from mpiring.ring import Ring, Steps, split_bounds
+from mpiring.engine.partition import split_bounds
+from mpiring.ring import Ring, Steps
 
 # Segments only pay off when some rank both receives and forwards (p > 2); this size keeps
 # the pipeline short for small messages and the per-message cost small for large ones.

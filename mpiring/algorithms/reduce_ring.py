@@ -20,7 +20,8 @@ from typing import Any
 from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
-from mpiring.ring import Ring, Steps, split_bounds
+from mpiring.engine.partition import split_bounds
+from mpiring.ring import Ring, Steps
 
 
 def reduce_ring(

@@ -39,8 +39,8 @@ import numpy
 from mpi4py import MPI
 
 from mpiring.bench.options import UsageError
+from mpiring.engine.partition import split_bounds
 from mpiring.ops import AVG, MAX, MIN, PROD, SUM
-from mpiring.ring import split_bounds
 
 # One ceiling step: elements sent to the right neighbour, elements received from the left one.
 CeilingStep = tuple[int | None, int | None]

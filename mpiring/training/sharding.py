@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpiring.ring import split_bounds  # the same cut as the collectives use
+from mpiring.engine.partition import split_bounds  # the same cut as the collectives use
 
 
 def make_buckets(layer_bytes: Sequence[int], cap_bytes: int) -> list[tuple[int, int]]:
