@@ -273,6 +273,19 @@ def test_single_rank_run(tmp_path):
 
 
 @needs_mpirun
+def test_rotation_checks_and_times_every_collective(tmp_path):
+    """--rotate: the calls cycle through several buffer sets (each planned, each with its own
+    ceiling), and the results still match native MPI."""
+    proc = run_bench(["-b", "8", "-e", "4K", "-f", "512", "-n", "3", "--reps", "1", "--rotate", "3",
+                      "--json", "o.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert "cycle through 3 buffer sets" in data["meta"]["statistic"]
+    assert {r["collective"] for r in data["results"]} == set(COLLECTIVE_NAMES)
+    assert all(r["wrong"] == 0 and r["ceiling_time_us"] > 0 for r in data["results"])
+
+
+@needs_mpirun
 def test_bad_root_ends_every_rank(tmp_path):
     proc = run_bench(["-c", "gather", "--root", "5", "-e", "1K"], tmp_path)
     assert proc.returncode != 0

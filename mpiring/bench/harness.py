@@ -16,6 +16,7 @@ For each size, on every rank:
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from mpi4py import MPI
 from mpiring.bench.device import Device
 from mpiring.bench.options import Options
 from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
-from mpiring.engine.executor import messages_only
+from mpiring.engine.executor import MessagesOnly
 from mpiring.ops import AVG, PROD
 
 # Fills for result buffers before the check: outside every value the inputs can produce, and
@@ -131,15 +132,23 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
     )
 
 
+def rotating(run: Callable[[Setup, Any], Any], setup: Setup, sets: list[Any]) -> Callable[[], Any]:
+    """A call of `run` on the next of `sets` each time (--rotate; one set: always the same)."""
+    if len(sets) == 1:
+        return partial(run, setup, sets[0])
+    turn = itertools.cycle(sets)
+    return lambda: run(setup, next(turn))
+
+
 def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p: MPI.Intracomm, count: int,
             itemsize: int) -> Callable[[], None]:
     """The ceiling: the messages of mpiring's plan for this call, replayed without its arithmetic
-    (mpiring.engine.executor.messages_only). Calls that are not planned (device buffers) replay
+    (mpiring.engine.executor.MessagesOnly). Calls that are not planned (device buffers) replay
     the ring algorithm's schedule with bare point-to-point calls instead."""
     x = buffers.x if row.name != "scatter" or setup.rank == setup.root else None
     plan = setup.comm.plan_of(row.name, x, buffers.ours)
     if plan is not None:
-        return messages_only(plan)
+        return MessagesOnly(plan)
     steps = row.ceiling(setup.size, setup.rank, setup.root, count, itemsize)
     return ceiling_runner(p2p, steps, itemsize, device.native_xp)
 
@@ -210,12 +219,25 @@ def measure(
     options: Options, algorithm_label: str,
 ) -> Result:
     """Run one size of one collective (collective over all ranks); every rank gets the Result."""
-    world = setup.mpi
-    buffers = make_buffers(row, setup, device, count, options.dtype)
-    ours, native = partial(row.ours, setup, buffers), partial(row.native, setup, buffers)
-    for _ in range(max(options.warmup, 2)):  # the second call builds the plan the ceiling replays
+    sets = [make_buffers(row, setup, device, count, options.dtype) for _ in range(options.rotate)]
+    buffers = sets[0]  # the one the check uses
+    ours, native = rotating(row.ours, setup, sets), rotating(row.native, setup, sets)
+    for _ in range(max(options.warmup, 2) * len(sets)):  # a set's second call builds the plan the ceiling replays
         ours()
-    calls = (ours, native, ceiling(row, setup, buffers, device, p2p, count, options.dtype.itemsize))
+    ceilings = [ceiling(row, setup, b, device, p2p, count, options.dtype.itemsize) for b in sets]
+    calls = (ours, native, rotating(lambda _setup, replay: replay(), setup, ceilings))
+    try:
+        return _timed(row, setup, device, calls, buffers, nbytes, count, options, algorithm_label)
+    finally:
+        for replay in ceilings:
+            if isinstance(replay, MessagesOnly):
+                replay.release()  # unpinned: its plan may be evicted again
+
+
+def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers: Buffers, nbytes: int,
+           count: int, options: Options, algorithm_label: str) -> Result:
+    """Warm up, check and time the three calls of one size; every rank gets the Result."""
+    world = setup.mpi
     for call in calls[1:]:
         for _ in range(options.warmup):
             call()

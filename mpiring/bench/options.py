@@ -44,6 +44,7 @@ class Options:
     warmup: int
     iters: int
     reps: int
+    rotate: int  # buffer sets the calls cycle through (1: one set, as nccl-tests)
     csv: str | None
     json: str | None
     plot: str | None
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("-n", "--iters", type=_positive(int), default=20, help="iterations per timed batch (default 20)")
     add("--reps", type=_positive(int), default=5,
         help="timed batches per size; each rank keeps its median batch (default 5)")
+    add("--rotate", type=_positive(int), default=1, metavar="N",
+        help="cycle every timed call through N sets of buffers, so sizes that fit in the cache are not "
+             "flattered by reusing one (default 1)")
     add("--csv", metavar="FILE", help="write the results as CSV")
     add("--json", metavar="FILE", help="write the results and the run's metadata as JSON")
     add("--plot", metavar="FILE.png", help="plot busbw against size (needs matplotlib)")
@@ -151,7 +155,7 @@ def _check(args: argparse.Namespace) -> Options:
     return Options(
         collectives=tuple(collectives), min_bytes=args.min_bytes, max_bytes=args.max_bytes,
         factor=args.factor, dtype=dtype, op=args.op, root=args.root, device=args.device,
-        algorithm=args.algorithm, warmup=args.warmup, iters=args.iters, reps=args.reps,
+        algorithm=args.algorithm, warmup=args.warmup, iters=args.iters, reps=args.reps, rotate=args.rotate,
         csv=args.csv, json=args.json, plot=args.plot,
     )
 

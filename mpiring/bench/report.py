@@ -111,7 +111,8 @@ def metadata(options: Options, world: MPI.Intracomm, device: Device) -> dict[str
         "device": device.name,
         "native_buffers": device.note,
         "statistic": f"time per iteration: each rank's median of {options.reps} batches of "
-        f"{options.iters} iterations (after {options.warmup} warm-up), then mean/min/max over ranks",
+        f"{options.iters} iterations (after {options.warmup} warm-up), then mean/min/max over ranks"
+        + (f"; calls cycle through {options.rotate} buffer sets" if options.rotate > 1 else ""),
         "options": {
             key: value.name if key == "dtype" else list(value) if isinstance(value, tuple) else value
             for key, value in dataclasses.asdict(options).items()

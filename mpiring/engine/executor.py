@@ -79,20 +79,27 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
             work()
 
 
-def messages_only(plan: Plan) -> Callable[[], None]:
-    """A replay of the plan's messages alone: its persistent requests started and waited for,
+class MessagesOnly:
+    """A replay of a plan's messages alone: its persistent requests started and waited for,
     step by step, without the arithmetic, the checks or the bookkeeping. The benchmark's
-    ceiling: what the transport allows for the schedule that actually ran."""
-    messages = [(kind, item if kind == START else item.requests) for kind, item in plan.actions if kind != WORK]
+    ceiling: what the transport allows for the schedule that actually ran. The plan stays
+    pinned in its cache (never evicted, so its requests stay valid) until `release()`."""
 
-    def replay() -> None:
-        for kind, requests in messages:
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+        plan.pinned += 1
+        self._messages = [(kind, item if kind == START else item.requests) for kind, item in plan.actions
+                          if kind != WORK]
+
+    def __call__(self) -> None:
+        for kind, requests in self._messages:
             if kind == START:
                 _startall(requests)
             else:
                 _waitall(requests)
 
-    return replay
+    def release(self) -> None:
+        self._plan.pinned -= 1
 
 
 class PersistentRequest:

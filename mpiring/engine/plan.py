@@ -34,7 +34,8 @@ START, WAIT, WORK = 0, 1, 2
 Action = tuple[int, Any]  # (START, [requests]) | (WAIT, Step) | (WORK, function)
 
 # Plans a communicator keeps: a few per buffer set a program cycles through. The byte bound is
-# on what plans allocate themselves (outputs and scratch), not on the caller's arrays they hold.
+# on what plans allocate themselves (outputs and scratch), not on the caller's arrays they hold
+# (counting those would make large buffers a program reuses evict each other every call).
 PLANS_KEPT = 64
 PLAN_BYTES_KEPT = 256 << 20
 
@@ -47,7 +48,7 @@ class Plan:
     """
 
     __slots__ = ("call", "actions", "prologue", "exchanges", "result", "copy_result", "traffic", "requests",
-                 "allocated", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
+                 "allocated", "pinned", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
                  requests: list[MPI.Prequest], allocated: int) -> None:
@@ -60,7 +61,8 @@ class Plan:
         self.copy_result = False  # True: the result lives in the plan, so each call returns a copy
         self.traffic = traffic  # what one run hands to MPI
         self.requests = requests
-        self.allocated = allocated  # bytes it keeps alive: its outputs and scratch, then the caller's arrays
+        self.allocated = allocated  # bytes of outputs and scratch it allocated itself
+        self.pinned = 0  # users that replay its requests themselves (PlanCache never evicts it then)
         self.x = self.out = self.x_shape = self.out_shape = self.x_dtype = self.out_dtype = None
 
     def bind(self, x: Any, out: Any) -> None:
@@ -68,10 +70,8 @@ class Plan:
         self.x, self.out = x, out
         if x is not None:
             self.x_shape, self.x_dtype = x.shape, x.dtype
-            self.allocated += x.nbytes
         if out is not None:
             self.out_shape, self.out_dtype = out.shape, out.dtype
-            self.allocated += out.nbytes
         self.copy_result = out is None and self.result is not None
 
     def seen(self, x: Any, out: Any) -> bool:
@@ -109,7 +109,9 @@ class Sighting:
 
 class PlanCache:
     """The plans of one communicator, least recently used evicted first, bounded in number
-    and in bytes: those the plans allocated and the caller's arrays they hold."""
+    and in the bytes the plans allocated themselves (outputs and scratch). A plan also keeps its
+    caller's arrays alive, until it is evicted. Pinned plans (`pinned` > 0: something replays
+    their requests directly, as the benchmark's ceiling does) are never evicted."""
 
     def __init__(self, plans: int = PLANS_KEPT, nbytes: int = PLAN_BYTES_KEPT) -> None:
         # key -> plan, least recently used first (a hit moves its plan to the end)
@@ -127,7 +129,10 @@ class PlanCache:
         self.table[key] = plan
         self.allocated += plan.allocated
         while len(self.table) > 1 and (len(self.table) > self._max_plans or self.allocated > self._max_bytes):
-            self._drop(self.table.popitem(last=False)[1])
+            oldest = next((k for k, p in self.table.items() if not getattr(p, "pinned", 0) and p is not plan), None)
+            if oldest is None:  # all pinned
+                break
+            self._drop(self.table.pop(oldest))
 
     def clear(self, keep: list[Any] = ()) -> None:
         """Drop every plan; free their requests, except those of plans in `keep` (abandoned with
