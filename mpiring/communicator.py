@@ -8,8 +8,6 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable
 from functools import partial
 from threading import get_ident
@@ -18,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy
 from mpi4py import MPI
 
-from mpiring import collectives, consistency
+from mpiring import collectives, consistency, environment
 from mpiring.backend import NUMPY, backend_for
 from mpiring.engine.executor import PersistentRequest, run_plan
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
@@ -80,7 +78,8 @@ class Communicator:
             check_world_size(base.Get_size())
         read_environment()
         if timeout is None:
-            timeout = _env_timeout() if os.environ.get("MPIRING_TIMEOUT", "").strip() else DEFAULT_TIMEOUT
+            from_environment = environment.seconds("MPIRING_TIMEOUT", "Communicator")
+            timeout = DEFAULT_TIMEOUT if from_environment is None else from_environment
         self.timeout = check_timeout("Communicator", timeout)  # None: no limit
         self._mpi = base
         self._freed = False
@@ -517,17 +516,6 @@ def _plannable(backend: Any, x: Any, out: Any) -> bool:
     """Whether a call can be recorded as a plan: host arrays (the plan keeps them and reads
     them in place, so x must be an ndarray and C-contiguous; out an ndarray or None)."""
     return backend is NUMPY and type(x) is _NDARRAY and x.flags.c_contiguous and (out is None or type(out) is _NDARRAY)
-
-
-def _env_timeout() -> float:
-    text = os.environ["MPIRING_TIMEOUT"].strip()
-    if text.lower() in ("none", "inf", "off"):
-        return math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise ArgumentError("Communicator", "MPIRING_TIMEOUT", f"must be a number of seconds or none, got {text!r}"
-                            ) from None
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:

@@ -39,15 +39,15 @@ positional arguments) per call; docs/reliability.md has the measured cost when o
 from __future__ import annotations
 
 import functools
-import os
 import zlib
 from typing import Any
 
 import numpy
 
+from mpiring import environment
 from mpiring.backend import NUMPY
 from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
-from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
+from mpiring.errors import ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
 
 # Collective calls take tags from 1 up (Ring.next_tag), never 0: 0 is the check's own.
@@ -74,8 +74,6 @@ assert RECORD.fields["seq"][1] == 0 and RECORD.itemsize % 8 == 0  # Checker writ
 # field: only the root knows the dtype and shape
 _REDUCTIONS, _ROOTED, _GATHERING, _NO_DATA = REDUCING, ROOTED, JOINING, WITHOUT_DATA
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 
 class CallMismatchError(CollectiveMismatchError):
@@ -106,12 +104,7 @@ def wanted(check: bool | None) -> bool:
         if not isinstance(check, bool | numpy.bool_):  # check="no" must not turn checks on
             raise ArgumentTypeError("Communicator", "check", f"must be True, False or None, got {check!r}")
         return bool(check)
-    text = os.environ.get("MPIRING_CHECK", "").strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ArgumentError("Communicator", "MPIRING_CHECK", f"must be 1 or 0 (true/false, on/off), got {text!r}")
+    return bool(environment.flag("MPIRING_CHECK", "Communicator"))
 
 
 class Checker:

@@ -30,13 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from mpiring.errors import ArgumentError
+from mpiring import environment
 
 ENV = "MPIRING_CUDA_AWARE"
 MPIX_GPU_SUPPORT_CUDA = 0  # MPICH's mpi.h: CUDA = 0, ZE = 1, HIP = 2 (type ids, not flags)
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -52,19 +50,9 @@ class CudaAwareness:
 
 def parse_override(text: str | None, variable: str = ENV) -> bool | None:
     """The value of a yes/no environment variable (MPIRING_CUDA_AWARE by default): True, False,
-    or None when unset or empty.
-
-    Raises ArgumentError for anything else, rather than guessing which memory MPI may touch.
-    """
-    if text is None or not text.strip():
-        return None
-    word = text.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ArgumentError("cuda_aware" if variable == ENV else "device path", variable,
-                        f"must be 0 or 1 (or true/false, yes/no, on/off), got {text!r}")
+    or None when unset or empty; anything else raises ArgumentError (mpiring.environment's rule),
+    rather than guessing which memory MPI may touch."""
+    return environment.yes_no(text or "", variable, "cuda_aware" if variable == ENV else "device path")
 
 
 _library_answer: CudaAwareness | None = None  # the library cannot change its mind: ask it once
@@ -72,9 +60,9 @@ _library_answer: CudaAwareness | None = None  # the library cannot change its mi
 
 def cuda_awareness() -> CudaAwareness:
     """Whether device pointers may go to MPI, and how that was decided (see the module docstring)."""
-    override = parse_override(os.environ.get(ENV))
+    override = parse_override(environment.text(ENV))
     if override is not None:
-        return CudaAwareness(override, f"{ENV}={os.environ[ENV].strip()} in the environment")
+        return CudaAwareness(override, f"{ENV}={environment.text(ENV)} in the environment")
     global _library_answer
     if _library_answer is None:
         answer = _ask_loaded_library()

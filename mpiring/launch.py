@@ -30,6 +30,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from mpiring import environment
 from mpiring.errors import MpiringError
 
 SKIP_VARIABLE = "MPIRING_SKIP_LAUNCH_CHECK"
@@ -87,10 +88,10 @@ def check_world_size(world_size: int, environ: Mapping[str, str] | None = None) 
     """Raise LaunchError when `world_size` disagrees with the size the launcher announced.
 
     Call it with COMM_WORLD's size on every rank. Does nothing when no launcher announced a size,
-    or when MPIRING_SKIP_LAUNCH_CHECK is set to a non-empty value other than 0 / false / no.
+    or when MPIRING_SKIP_LAUNCH_CHECK is yes (1, true, yes, on: mpiring.environment's rule).
     """
     env = os.environ if environ is None else environ
-    if env.get(SKIP_VARIABLE, "").strip().lower() not in ("", "0", "false", "no"):
+    if environment.yes_no(env.get(SKIP_VARIABLE, "").strip(), SKIP_VARIABLE, "Communicator"):
         return
     announced = launcher_world_size(env)
     if announced is None or announced[0] == world_size:

@@ -11,8 +11,9 @@ created (not on every call: small collectives are paid in Python time).
 
 from __future__ import annotations
 
-import os
 import sys
+
+from mpiring import environment
 
 AUTO = "auto"
 
@@ -37,8 +38,8 @@ _environment = {"algo": "", "debug": False}
 
 def read_environment() -> None:
     """Take MPIRING_ALGO and MPIRING_DEBUG from the environment as it is now."""
-    _environment["algo"] = os.environ.get("MPIRING_ALGO", "").strip()
-    _environment["debug"] = os.environ.get("MPIRING_DEBUG") == "1"
+    _environment["algo"] = environment.text("MPIRING_ALGO")
+    _environment["debug"] = bool(environment.flag("MPIRING_DEBUG", "mpiring"))
 
 
 def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:

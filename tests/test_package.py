@@ -133,3 +133,23 @@ def test_the_catalogue_is_what_every_table_and_the_api_follow():
             parameters = inspect.signature(getattr(mpiring.Communicator, method)).parameters
             assert ("op" in parameters, "root" in parameters) == (entry.reduces, entry.rooted), method
             assert ("counts" in parameters) == (entry.joins_rows or name == "scatter"), method
+
+
+def test_every_environment_variable_is_read_by_one_module_with_one_rule(monkeypatch):
+    import pathlib
+    import re
+
+    from mpiring import environment
+    from mpiring.errors import ArgumentError
+
+    direct = re.compile(r"""environ(\.get\(|\[)\s*["']MPIRING_""")
+    readers = [p.name for p in pathlib.Path(mpiring.__file__).parent.rglob("*.py") if direct.search(p.read_text())]
+    assert readers == [], readers  # every MPIRING_* variable goes through mpiring.environment
+    for word, value in (("1", True), ("Yes", True), ("off", False), ("0", False), ("", None)):
+        monkeypatch.setenv("MPIRING_GPU_IPC", word)
+        assert environment.flag("MPIRING_GPU_IPC", "test") is value
+    monkeypatch.setenv("MPIRING_DEBUG", "maybe")
+    with pytest.raises(ArgumentError, match="MPIRING_DEBUG"):
+        environment.flag("MPIRING_DEBUG", "test")
+    monkeypatch.setenv("MPIRING_TIMEOUT", "none")
+    assert environment.seconds("MPIRING_TIMEOUT", "test") == float("inf")

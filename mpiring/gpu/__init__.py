@@ -17,10 +17,10 @@ MPIRING_DEBUG=1 says once per device and path which path device buffers take, an
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
+from mpiring import environment
 from mpiring.cuda_detection import CudaAwareness, cuda_aware, cuda_awareness, parse_override
 from mpiring.gpu.binding import bind_device
 
@@ -34,7 +34,7 @@ _backends: dict[tuple[int, str, bool], Any] = {}
 def ipc_enabled(awareness: CudaAwareness) -> bool:
     """Whether node-local communicators move device buffers by CUDA IPC: MPIRING_GPU_IPC=1 or 0,
     else only where MPI is not CUDA-aware (the direct path measured faster)."""
-    override = parse_override(os.environ.get(IPC_ENV), IPC_ENV)
+    override = parse_override(environment.text(IPC_ENV), IPC_ENV)
     return not awareness.aware if override is None else override
 
 
@@ -91,7 +91,7 @@ def _make_ipc_backend(device_id: int, fallback: Any) -> Any:
 
 def announce(device_id: int, backend: Any, awareness: CudaAwareness) -> None:
     """Under MPIRING_DEBUG=1, say (once per device and path) which path device buffers take."""
-    if os.environ.get("MPIRING_DEBUG") != "1":
+    if not environment.flag("MPIRING_DEBUG", "mpiring"):
         return
     mpi_backend = getattr(backend, "fallback", backend)
     detail = f", {mpi_backend.segment_bytes} B segments" if mpi_backend.path == "staged" else ""

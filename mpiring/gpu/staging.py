@@ -28,7 +28,6 @@ drive the same pipeline with a fake engine on host arrays.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import Any, Protocol
@@ -36,7 +35,8 @@ from typing import Any, Protocol
 import numpy
 from mpi4py import MPI
 
-from mpiring.errors import ArgumentError, CommunicationError
+from mpiring import environment
+from mpiring.errors import CommunicationError
 
 SEGMENT_ENV = "MPIRING_GPU_SEGMENT_BYTES"
 # 4 MiB: the best of 256 KiB, 1, 4 and 16 MiB on an H100 at 16 and 64 MiB messages (docs/gpu.md)
@@ -73,16 +73,8 @@ class CopyEngine(Protocol):
 
 
 def segment_bytes_from_env() -> int:
-    text = os.environ.get(SEGMENT_ENV, "").strip()
-    if not text:
-        return DEFAULT_SEGMENT_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ArgumentError("staged transfer", SEGMENT_ENV, f"must be a positive number of bytes, got {text!r}")
-    return value
+    from_environment = environment.positive_int(SEGMENT_ENV, "staged transfer")
+    return DEFAULT_SEGMENT_BYTES if from_environment is None else from_environment
 
 
 def segment_bounds(nbytes: int, segment_bytes: int) -> list[int]:

@@ -1,0 +1,73 @@
+"""Every environment variable mpiring reads is read here, each kind with one rule.
+
+    variable                   kind              read when                    meaning
+    MPIRING_TIMEOUT            seconds | none    a Communicator is made       default timeout of its calls
+    MPIRING_CHECK              yes/no            a Communicator is made       consistency checks (reliability.md)
+    MPIRING_ALGO               algorithm names   import, Communicator made    algorithm overrides (mpiring.selection)
+    MPIRING_DEBUG              yes/no            import, Communicator made    say which algorithm and path ran
+    MPIRING_CUDA_AWARE         yes/no            a device buffer's first use  device pointers may go to MPI
+    MPIRING_GPU_IPC            yes/no            a device buffer's first use  node-local device buffers by CUDA IPC
+    MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
+
+yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
+Anything else raises ArgumentError naming the variable, before any message moves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from mpiring.errors import ArgumentError
+
+YES = ("1", "true", "yes", "on")
+NO = ("0", "false", "no", "off")
+
+
+def text(name: str) -> str:
+    """The variable's value, stripped ("" when unset)."""
+    return os.environ.get(name, "").strip()
+
+
+def yes_no(word: str, name: str, what: str) -> bool | None:
+    """A yes/no word as True or False, "" as None; `what` names the caller in the error."""
+    lowered = word.strip().lower()
+    if not lowered:
+        return None
+    if lowered in YES:
+        return True
+    if lowered in NO:
+        return False
+    raise ArgumentError(what, name, f"must be 1 or 0 (true/false, yes/no, on/off), got {word!r}")
+
+
+def flag(name: str, what: str) -> bool | None:
+    """A yes/no variable: True, False, or None when unset or empty."""
+    return yes_no(text(name), name, what)
+
+
+def seconds(name: str, what: str) -> float | None:
+    """A number of seconds, math.inf for none/inf/off; None when unset or empty."""
+    value = text(name)
+    if not value:
+        return None
+    if value.lower() in ("none", "inf", "off"):
+        return math.inf
+    try:
+        return float(value)
+    except ValueError:
+        raise ArgumentError(what, name, f"must be a number of seconds or none, got {value!r}") from None
+
+
+def positive_int(name: str, what: str) -> int | None:
+    """A positive integer; None when unset or empty."""
+    value = text(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ArgumentError(what, name, f"must be a positive number of bytes, got {value!r}")
+    return number
