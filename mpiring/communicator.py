@@ -256,7 +256,7 @@ class Communicator:
         out = check_out("broadcast", out, x.shape, x.dtype, backend)
         call = self._call("broadcast", algorithm, timeout, x, None, root)
         body = partial(collectives.broadcast, self._ring, call=call, x=x, root=root, out=out)
-        return Built(call, backend, body, _plannable(backend, x, out))
+        return Built(call, backend, body, _plannable(backend, x))
 
     def _reduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -267,7 +267,7 @@ class Communicator:
             out = check_out("reduce", out, x.shape, x.dtype, backend)
         call = self._call("reduce", algorithm, timeout, x, op, root)
         body = partial(collectives.reduce, self._ring, call=call, x=x, op=op, root=root, out=out)
-        return Built(call, backend, body, _plannable(backend, x, out))
+        return Built(call, backend, body, _plannable(backend, x))
 
     def _allreduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -276,7 +276,7 @@ class Communicator:
         out = check_out("allreduce", out, x.shape, x.dtype, backend)
         call = self._call("allreduce", algorithm, timeout, x, op)
         body = partial(collectives.allreduce, self._ring, call=call, x=x, op=op, out=out)
-        return Built(call, backend, body, _plannable(backend, x, out))
+        return Built(call, backend, body, _plannable(backend, x))
 
     def _gather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -285,7 +285,7 @@ class Communicator:
         rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend, uniform_out=False)
         call = self._call("gather", algorithm, timeout, x, None, root)
         body = partial(collectives.gather, self._ring, call=call, x=x, root=root, out=out, rows=rows)
-        return Built(call, backend, body, rows is not None and _plannable(backend, x, out), rows is None)
+        return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
 
     def _allgather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -293,7 +293,7 @@ class Communicator:
         rows = self._known_rows("allgather", x, out, counts, backend, uniform_out=True)
         call = self._call("allgather", algorithm, timeout, x)
         body = partial(collectives.allgather, self._ring, call=call, x=x, out=out, rows=rows)
-        return Built(call, backend, body, rows is not None and _plannable(backend, x, out), rows is None)
+        return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
 
     def _known_rows(self, collective: str, x: Any, out: Any, counts: Any, backend: Any,
                     uniform_out: bool) -> list[int] | None:
@@ -342,8 +342,7 @@ class Communicator:
         call = self._call("scatter", algorithm, timeout, None, None, root)
         body = partial(collectives.scatter, self._ring, call=call, x=x, root=root, out=out, root_problem=root_problem,
                        counts=counts, layout=layout)
-        plannable = layout is not None and (self.rank != root or _plannable(backend, x, out)) and (
-            out is None or type(out) is _NDARRAY) and backend is NUMPY
+        plannable = layout is not None and _plannable(backend, x if self.rank == root else None)
         return Built(call, backend, body, plannable, layout is None)
 
     def _reduce_scatter(self, x, out, op, root, counts, algorithm, timeout) -> Built:
@@ -352,7 +351,7 @@ class Communicator:
         op = check_op("reduce_scatter", op, x.dtype)
         call = self._call("reduce_scatter", algorithm, timeout, x, op)
         body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out)
-        return Built(call, backend, body, _plannable(backend, x, out))
+        return Built(call, backend, body, _plannable(backend, x))
 
     def _barrier(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         call = self._call("barrier", algorithm, timeout)
@@ -512,10 +511,11 @@ def _key(counts: Any) -> Any:
         return counts
 
 
-def _plannable(backend: Any, x: Any, out: Any) -> bool:
-    """Whether a call can be recorded as a plan: host arrays (the plan keeps them and reads
-    them in place, so x must be an ndarray and C-contiguous; out an ndarray or None)."""
-    return backend is NUMPY and type(x) is _NDARRAY and x.flags.c_contiguous and (out is None or type(out) is _NDARRAY)
+def _plannable(backend: Any, x: Any) -> bool:
+    """Whether a call can be recorded as a plan: host arrays, the (checked) input C-contiguous,
+    since the plan reads it in place. That the caller passed arrays, not array-likes, is
+    _caller_arrays' to check."""
+    return backend is NUMPY and (x is None or x.flags.c_contiguous)
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:

@@ -70,9 +70,6 @@ RECORD = numpy.dtype([
 ])
 assert RECORD.fields["seq"][1] == 0 and RECORD.itemsize % 8 == 0  # Checker writes seq as word 0
 
-# gathering collectives compare the row shape only (row counts may differ); scatter has no data
-# field: only the root knows the dtype and shape
-_REDUCTIONS, _ROOTED, _GATHERING, _NO_DATA = REDUCING, ROOTED, JOINING, WITHOUT_DATA
 
 
 
@@ -129,11 +126,11 @@ class Checker:
         self.seq += 1
         ring, collective = self.ring, call.collective
         dtype, shape = "", None
-        if x is not None and collective not in _NO_DATA:
-            dtype, shape = x.dtype.str, tuple(x.shape[1:] if collective in _GATHERING else x.shape)
+        if x is not None and collective not in WITHOUT_DATA:
+            dtype, shape = x.dtype.str, tuple(x.shape[1:] if collective in JOINING else x.shape)
         self._rows[ring.rank] = _record(
-            collective, call.algorithm, op if collective in _REDUCTIONS else None,
-            root if collective in _ROOTED else None, dtype, shape,
+            collective, call.algorithm, op if collective in REDUCING else None,
+            root if collective in ROOTED else None, dtype, shape,
         )
         self._words[ring.rank, 0] = self.seq
         # The check's own messages are not the collective's: keep them out of the traffic counts
@@ -227,13 +224,13 @@ def _field_values(record: Any) -> dict[str, str]:
         "seq": f"call #{int(record['seq'])}",
         "algorithm": repr(record["algorithm"].decode()),
     }
-    if collective in _REDUCTIONS:
+    if collective in REDUCING:
         shown["op"] = repr(record["op"].decode())
-    if collective in _ROOTED:
+    if collective in ROOTED:
         shown["root"] = str(int(record["root"]))
     if record["dtype"]:  # empty where this rank has no data to describe (barrier, scatter)
         shown["dtype"] = record["dtype"].decode()
-        shown["row shape" if collective in _GATHERING else "shape"] = _shape_text(record)
+        shown["row shape" if collective in JOINING else "shape"] = _shape_text(record)
     return shown
 
 

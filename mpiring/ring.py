@@ -48,9 +48,8 @@ _MIN_TAG_UB = 32767
 _POOL_FROM_BYTES = 64 * 1024
 _POOL_BUFFERS = 4
 
-# A timed wait spins this long, then offers the core between tests until the second bound, then
-# pauses between tests (Ring.poll).
-_SPIN_SECONDS, _YIELD_SECONDS = 50e-6, 10e-3
+# A timed wait offers the core between tests this long, then pauses between them (Ring.poll).
+_YIELD_SECONDS = 10e-3
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
@@ -326,21 +325,18 @@ class Ring:
             pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
 
     def poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
-        """Wait for a step until `call.timeout`. Spin for the first 50 us (a small message's
-        peer is usually that close); then, up to 10 ms, offer the core to any other runnable
-        process between tests (oversubscribed ranks get to do the work this one waits for, and
-        its own wake-up stays prompt); after that pause 10 us doubling to 1 ms, so a long wait
-        costs little CPU."""
+        """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
+        runnable process between tests (a no-op when none waits, so a small message is caught
+        as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
+        that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU."""
         now = time.monotonic()
-        deadline, spin_until, yield_until = now + call.timeout, now + _SPIN_SECONDS, now + _YIELD_SECONDS
+        deadline, yield_until = now + call.timeout, now + _YIELD_SECONDS
         pause = 0.0
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
             if now >= deadline:
                 self._raise_timeout(step, call)
                 continue  # all arrived at the deadline: the next Testall completes the step
-            if now < spin_until:
-                continue
             if now < yield_until:
                 _yield_core()
                 continue

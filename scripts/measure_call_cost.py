@@ -27,7 +27,6 @@ from mpi4py import MPI
 
 import mpiring
 from mpiring.engine.executor import run_plan
-from mpiring.engine.plan import Plan
 
 MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
 
@@ -83,7 +82,7 @@ def main() -> None:
     }
     comm.allreduce(x, out=y)
     comm.allreduce(x, out=y)
-    plan = next(p for p in comm._plans.table.values() if isinstance(p, Plan) and p.x is x)
+    plan = comm.plan_of("allreduce", x, y)
     variants["the plan's replay alone (`run_plan`)"] = lambda: run_plan(comm._ring, plan, None)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):

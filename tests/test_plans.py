@@ -25,10 +25,6 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 
 
-def _plan_of(comm, x):
-    """The plan the communicator holds for calls with array `x` (None if there is none)."""
-    plans = [p for p in comm._plans.table.values() if isinstance(p, Plan) and p.x is x]
-    return plans[0] if plans else None
 
 
 def _calls(comm, algorithm, seed, rows):
@@ -90,13 +86,13 @@ def test_replays_match_the_oracle_with_new_contents(comm, algorithm, rows):
 def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):
     x, out = np.ones(5), np.empty(5)
     comm.allreduce(x, out=out)
-    assert _plan_of(comm, x) is None  # seen once: no plan yet
+    assert comm.plan_of("allreduce", x, out) is None  # seen once: no plan yet
     comm.allreduce(x, out=out)
-    assert _plan_of(comm, x) is not None
+    assert comm.plan_of("allreduce", x, out) is not None
     for _ in range(3):  # new arrays every call: never planned, and nothing keeps them alive
         fresh = np.ones(5)
         comm.allreduce(fresh, out=out)
-        assert _plan_of(comm, fresh) is None
+        assert comm.plan_of("allreduce", fresh, out) is None
         ref = weakref.ref(fresh)
         del fresh
         gc.collect()

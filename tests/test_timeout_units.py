@@ -68,8 +68,8 @@ def test_a_timeout_names_only_the_requests_still_pending(fake_mpi):
 
 
 def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):
-    """It spins 50 us, offers the core between polls up to 10 ms, then sleeps, the pause
-    doubling from 10 us to 1 ms (cores stay free during a long wait)."""
+    """It offers the core between polls up to 10 ms, then sleeps, the pause doubling from
+    10 us to 1 ms (cores stay free during a long wait)."""
     pauses, yields = [], []
     monkeypatch.setattr(ring_module.time, "sleep", pauses.append)
     monkeypatch.setattr(ring_module, "_yield_core", lambda: yields.append(1))
