@@ -22,6 +22,7 @@ from mpiring.errors import (  # noqa: E402
     CommunicatorBrokenError,
     CommunicatorFreedError,
     ConcurrentUseError,
+    MessageMismatchError,
     MpiringError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
-    "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError", "MpiringError",
+    "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError",
+    "MessageMismatchError", "MpiringError",
     "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness",
 ]

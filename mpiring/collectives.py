@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+from mpiring import identity
 from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
@@ -125,9 +126,11 @@ def _algorithm(ring: Ring, call: Call, nbytes: int) -> Any:
     """The algorithm to run: the one asked for, or the one "auto" picks for this size.
 
     Every rank must pass the same nbytes, so gather and all-gather decide after the layout
-    exchange and scatter after the header.
+    exchange and scatter after the header. A blocking call's tag then names the algorithm too
+    (mpiring.identity), so ranks that chose differently never match each other's messages.
     """
     call.algorithm = choose(call.collective, call.algorithm, nbytes, ring.size)
+    call.tag = ring.tags.with_identity(call.tag, identity.of_algorithm(call.collective, call.algorithm))
     return ALGORITHMS[call.collective][call.algorithm]
 
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy
 from mpi4py import MPI
 
-from mpiring import collectives, consistency, environment
+from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.engine.executor import PersistentRequest, run_plan
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
@@ -43,7 +43,7 @@ class Built(NamedTuple):
     backend: Any
     body: Callable[[Any], Steps]  # the call's steps for a backend (its own, or a plan's recorder)
     plannable: bool  # whether it may be recorded as a plan
-    exchanging: bool = False  # whether it exchanges a layout before the data (see Ring.blocking_tag)
+    exchanging: bool = False  # whether it exchanges a layout before the data (a bit of its tag)
 
 
 _NDARRAY = numpy.ndarray
@@ -92,6 +92,7 @@ class Communicator:
                 "`with mpiring.Communicator() as comm:`",
             ) from error
         self._ring = Ring(private)
+        self._ring.describe = identity.describe
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
@@ -198,7 +199,7 @@ class Communicator:
                 return run_plan(ring, known, self.timeout if timeout is None else check_timeout(collective, timeout))
             built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
             call = built.call
-            call.tag = ring.blocking_tag(built.exchanging)
+            call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
             if built.plannable and key is not None and _caller_arrays(x, out):
                 if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
                     plan = build_plan(ring, built.backend, call, built.body)
@@ -212,7 +213,7 @@ class Communicator:
             raise
 
     def _failed(self) -> None:
-        """A call raised here: later blocking calls take a new tag (Ring.blocking_tag), so
+        """A call raised here: later blocking calls take new tags (Ring.blocking_tag), so
         none of them can match a message the other ranks sent for this one."""
         self._ring.failures += 1
         self._plans.clear(keep=self._ring.abandoned)  # their requests carry the old tag
@@ -301,7 +302,7 @@ class Communicator:
 
         `counts=` gives them. For all-gather, an out= with size times x's rows says every rank
         passes as many rows as this one. Either way the ranks must agree; a rank that exchanges
-        and one that does not use different tags (Ring.blocking_tag), so they time out rather
+        and one that does not use different tags (mpiring.identity), so they raise rather
         than mix a layout with data.
         """
         counts = check_counts(collective, counts, self.size)

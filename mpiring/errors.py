@@ -50,6 +50,17 @@ class CollectiveMismatchError(MpiringError):
         super().__init__(f"{collective}: {problem}")
 
 
+class MessageMismatchError(CollectiveMismatchError, CommunicationError):
+    """A peer this rank waits for sent a message of another call: the ranks called different
+    collectives, or with different dtypes, ops, roots or algorithms, or a call raised on one of
+    them only (docs/engine.md, tags). Raised while waiting, on the ranks that see such a message;
+    like any failed call it leaves messages in flight, so the communicator is broken afterwards."""
+
+    def __init__(self, collective: str, problem: str) -> None:
+        self.collective = collective
+        MpiringError.__init__(self, f"{collective}: {problem}")
+
+
 class CollectiveTimeout(MpiringError, TimeoutError):
     """A collective waited longer than its timeout (``timeout=`` or ``MPIRING_TIMEOUT``).
 

@@ -13,6 +13,7 @@ All waiting happens in `Ring.complete`, the one place a timeout belongs.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -23,25 +24,10 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
-from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError
+from mpiring.engine.tags import Tags
+from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError, MessageMismatchError
 
-# Tags. Transports use the lower half of the communicator's MPI_TAG_UB (2^29-1 in the MPICH
-# wheel, 2^31-1 in Open MPI's; at least 32767 by the standard); the upper half is for a
-# transport's second message kind (the IPC path's acknowledgements). The lower half holds
-# three ranges, so that no message of one call can match a receive of another:
-#   sequence tags (the first half): each unplanned call takes the next, so messages of two calls
-#       in flight at once, or of a call abandoned on some rank, never match another call's;
-#   persistent tags (the third quarter): one per persistent request (`*_init`), for its life;
-#   blocking tags (the last quarter): every blocking call uses the same tag, planned or not
-#       (one rank may run a plan while another builds one), since blocking calls run one at a
-#       time in the same order on every rank and MPI keeps the messages between two ranks on
-#       one tag in order. The tag moves on whenever a call fails on this rank (Ring.failures),
-#       so a rank whose call raised alone never matches a message its peers sent for that
-#       call: they time out instead of returning data. Calls that first exchange a layout
-#       (gather, all-gather and scatter when the ranks cannot know it alone) take the odd tag
-#       of the pair, so a rank that exchanges never mistakes the data of a rank that did not
-#       (one passed counts= or a uniform out=, the other not) for a layout, or the reverse.
-_MIN_TAG_UB = 32767
+# Tags (which receive may match which message) are laid out in mpiring.engine.tags.
 
 # Scratch pool: arrays from this size up are kept for reuse, at most this many per backend
 # (enough for a few nonblocking collectives in flight at once).
@@ -50,6 +36,9 @@ _POOL_BUFFERS = 4
 
 # A timed wait offers the core between tests this long, then pauses between them (Ring.poll).
 _YIELD_SECONDS = 10e-3
+
+# A long wait looks this often for a message of another call from the peer it waits for (_Watch).
+_LOOK_SECONDS = 20e-3
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
@@ -135,10 +124,10 @@ class Ring:
         self.right = (self.rank + 1) % self.size
         self.traffic = Traffic()
         tag_ub = comm.Get_attr(MPI.TAG_UB)
-        self.tag_space = (max(int(tag_ub) if tag_ub else 0, _MIN_TAG_UB) + 1) // 2
-        self._persistent_tags = self.tag_space // 2  # first persistent tag (see "Tags" above)
-        self._blocking_tags = self.tag_space * 3 // 4  # first blocking tag
-        self.failures = 0  # calls that raised on this rank; picks the blocking tag
+        self.tags = Tags(int(tag_ub) if tag_ub else None)
+        # a blocking call's identity in words (mpiring.identity.describe, given by the Communicator)
+        self.describe: Callable[[int, int], str] = lambda identity, size: f"call identity {identity:#x}"
+        self.failures = 0  # calls that raised on this rank; picks the blocking tags' generation
         self.persistent_requests = 0  # made so far; picks each one's tag
         # a plan being built (mpiring.engine.plan): posts are recorded, not sent
         self.recorder: Any = None
@@ -205,21 +194,20 @@ class Ring:
         return (root + position) % self.size
 
     def next_tag(self) -> int:
-        """A sequence tag for the next collective call, in [1, tag_space / 2); every rank calls
-        collectives in the same order, and every call takes one, even one that raises."""
+        """A sequence tag for the next collective call; every rank calls collectives in the same
+        order, and every call takes one, even one that raises."""
         self.calls += 1
-        return self.calls % (self._persistent_tags - 1) + 1
+        return self.tags.sequence(self.calls)
 
-    def blocking_tag(self, exchanging: bool = False) -> int:
-        """The tag of blocking calls (`exchanging`: of those that exchange a layout first); it
-        changes after every call that raised here."""
-        pairs = (self.tag_space - self._blocking_tags) // 2
-        return self._blocking_tags + 2 * (self.failures % pairs) + exchanging
+    def blocking_tag(self, identity: int) -> int:
+        """The tag of a blocking call of this identity (mpiring.identity); its generation changes
+        after every call that raised here."""
+        return self.tags.blocking(self.failures, identity)
 
     def persistent_tag(self) -> int:
         """A tag for a new persistent request (made collectively, in the same order everywhere)."""
         self.persistent_requests += 1
-        return self._persistent_tags + self.persistent_requests % (self._blocking_tags - self._persistent_tags)
+        return self.tags.persistent(self.persistent_requests)
 
     def post(
         self,
@@ -312,7 +300,9 @@ class Ring:
         if not in_flight or in_flight == [waiting]:  # nothing else to advance
             self.complete(step, call)
             return
-        deadline = None if call.timeout is None else time.monotonic() + call.timeout
+        start = time.monotonic()
+        deadline = None if call.timeout is None else start + call.timeout
+        watch = _Watch(self, step, call, start)
         pause = 0.0
         while not self.is_complete(step, call):
             for request in [r for r in self.in_flight if r is not waiting]:
@@ -320,6 +310,7 @@ class Ring:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 self._raise_timeout(step, call)
+            watch.look(now)
             if pause:
                 time.sleep(pause)
             pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
@@ -328,9 +319,11 @@ class Ring:
         """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
         runnable process between tests (a no-op when none waits, so a small message is caught
         as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
-        that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU."""
+        that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU, and look
+        for messages of another call from the peers it waits for (_Watch)."""
         now = time.monotonic()
         deadline, yield_until = now + call.timeout, now + _YIELD_SECONDS
+        watch = None  # made once the wait is long (small calls pay nothing for it)
         pause = 0.0
         while not MPI.Request.Testall(step.requests, statuses):
             now = time.monotonic()
@@ -340,8 +333,38 @@ class Ring:
             if now < yield_until:
                 _yield_core()
                 continue
+            if watch is None:
+                watch = _Watch(self, step, call, now)
+            watch.look(now)
             pause = min(max(pause * 2, 1e-5), 1e-3)
             time.sleep(min(pause, deadline - now))
+
+    def foreign_message(self, step: Step, call: Call) -> tuple[int, int] | None:
+        """(source, tag) of the first message a peer whose receive in `step` is still pending has
+        sent with another blocking call's tag, if any. Only looks (Iprobe): nothing is received."""
+        status = MPI.Status()
+        for index, _, source in step.receives:
+            if not step.requests[index].Get_status() and self.comm.Iprobe(source, MPI.ANY_TAG, status):
+                tag = status.Get_tag()
+                if tag != call.tag and self.tags.is_blocking(tag):
+                    return source, tag
+        return None
+
+    def mismatch(self, call: Call, source: int, tag: int) -> MessageMismatchError:
+        """The error for a message of another call from `source`, naming both calls."""
+        (theirs, their_identity), (ours, our_identity) = self.tags.split(tag), self.tags.split(call.tag)
+        what = f"rank {source} sent a message of {self.describe(their_identity, self.size)}"
+        if their_identity != our_identity:
+            problem = (f"{what} while this rank waits in {self.describe(our_identity, self.size)} (call {self.calls} "
+                       "here): the ranks called different collectives, or with different dtypes, ops, roots or "
+                       "algorithms")
+        else:
+            problem = f"{what}, the same kind of call as this rank's (call {self.calls} here)"
+        if theirs != ours:
+            who, whom = ("that rank", "this one") if theirs > ours else ("this rank", f"rank {source}")
+            problem += (f"; {who} has seen {abs(theirs - ours)} more failed call(s) than {whom}: a call raised on "
+                        "one of the two only, and the other went on")
+        return MessageMismatchError(call.collective, problem)
 
     def _raise_timeout(self, step: Step, call: Call) -> None:
         """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
@@ -405,6 +428,31 @@ class Ring:
                     f"rank {self.rank} received {got} bytes from rank {source} but expected "
                     f"{expected}: the ranks passed different shapes, lengths or dtypes",
                 )
+
+
+class _Watch:
+    """Looks, every 20 ms of a long wait in a blocking call, whether a peer whose message has not
+    arrived sent one of another blocking call instead (Ring.foreign_message). MPI delivers two
+    ranks' messages in order, so a peer that really was in this call would have sent the awaited
+    message before any later one, and it would have matched the receive that waits for it. The
+    same foreign message seen at two looks (the awaited one still missing) is a mismatch: raise.
+    """
+
+    __slots__ = ("ring", "step", "call", "next", "seen")
+
+    def __init__(self, ring: Ring, step: Step, call: Call, start: float) -> None:
+        self.ring, self.step, self.call = ring, step, call
+        self.next = start + _LOOK_SECONDS if ring.tags.is_blocking(call.tag) and step.receives else math.inf
+        self.seen: tuple[int, int] | None = None
+
+    def look(self, now: float) -> None:
+        if now < self.next:
+            return
+        self.next = now + _LOOK_SECONDS
+        found = self.ring.foreign_message(self.step, self.call)
+        if found is not None and found == self.seen:
+            raise self.ring.mismatch(self.call, *found)
+        self.seen = found
 
 
 def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:

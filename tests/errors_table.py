@@ -82,10 +82,12 @@ ROWS: list[Row] = [
         "rank R (see the error there)`; no rank waits for data", min_ranks=2),
     Row("argument-one-rank", f"one rank rejects its own argument (`out=` of the wrong shape on the root only) "
         f"while the others go on ({T})", "that rank raises `ArgumentError`; it never returns another call's data "
-        "afterwards: a call that raises moves its rank on to a new tag (docs/engine.md, tags), so no message "
-        "of the abandoned call can match a later one. Its later calls time out, naming the peers, since their tag "
-        "no longer matches the others'; the other ranks time out at the first call that needs that rank (a "
-        "reduce's other ranks only send, and return None). Make a new communicator", min_ranks=2),
+        "afterwards: a call that raises moves its rank's blocking tags to a new generation (docs/engine.md, tags), "
+        "so no message of the abandoned call can match a later one. Its next call that waits for a peer raises "
+        "`MessageMismatchError` within about 50 ms (`rank 1 sent a message of reduce (...), the same kind of call "
+        "as this rank's (call 2 here); this rank has seen 1 more failed call(s) than rank 1 ...`), or "
+        "`CollectiveTimeout`; the other ranks raise at the first call that needs that rank (a reduce's other "
+        "ranks only send, and return None). Make a new communicator", min_ranks=2),
     Row("threads", "one `Communicator` called from two threads (taking turns or at once)",
         "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
         "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "
@@ -114,15 +116,36 @@ ROWS: list[Row] = [
     Row("allreduce-length-checked", "the same with `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` (`CallMismatchError`) on every rank: `shape (4,) on ranks 0, 1 but (5,) on "
         "rank 2; rank 2 differs from the rest`; the communicator stays usable", min_ranks=2),
-    Row("allreduce-op", "all-reduce: one rank passes another `op` (checks off)",
-        "**no error**: some ranks get a wrong result (neither the sum nor the max), and ranks may disagree. "
-        "Only `MPIRING_CHECK=1` catches this", min_ranks=2),
-    Row("allreduce-op-checked", "the same with `MPIRING_CHECK=1`",
+    Row("call-differs", f"ranks call one collective with a different dtype (float32 against int32), `op` or "
+        f"algorithm (`algorithm=`, or `MPIRING_ALGO` set on one rank only; checks off, {T})",
+        "no rank returns data of the other call. A rank waiting for a peer that sent it a message of the other "
+        "call raises `MessageMismatchError` (a `CollectiveMismatchError` and a `CommunicationError`) within about "
+        "50 ms, naming both calls: `allreduce: rank 1 sent a message of allreduce (int32, op sum, algorithm "
+        "recursive_doubling) while this rank waits in allreduce (float32, op sum, algorithm recursive_doubling) "
+        "(call 1 here): the ranks called different collectives, or with different dtypes, ops, roots or "
+        "algorithms`. A rank whose peers sent it nothing raises `CollectiveTimeout` within T + 2 s, and one "
+        "whose part needs nothing from the others (a reduce's senders) returns its own call's result. Each "
+        "blocking call's identity is in its message tags (docs/engine.md), at no cost per planned call",
+        min_ranks=2),
+    Row("allreduce-op-checked", "all-reduce: one rank passes another `op`, with `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` on every rank: `op 'sum' on ranks 0, 1 but 'max' on rank 2`", min_ranks=2),
-    Row("collective-differs", f"ranks call different collectives (all-reduce against barrier; checks off, {T})",
-        "every rank raises within T + 2 s: `CommunicationError` or `CollectiveTimeout`", min_ranks=2),
+    Row("collective-differs", f"ranks call different collectives (all-reduce against barrier, scatter against "
+        f"broadcast; checks off, {T})", "as in the row above: `MessageMismatchError` naming both calls (`rank 2 "
+        "sent a message of barrier (algorithm ring) while this rank waits in allreduce (...)`) where a message of "
+        "the other call arrives, else `CollectiveTimeout` within T + 2 s; a rank whose part is complete (scatter's "
+        "root) returns its own call's result; no rank returns the other call's data", min_ranks=2),
+    Row("shape-same-bytes", "ranks pass shapes that move the same bytes (reduce-scatter of a (2p, 3) array on "
+        "some ranks and (3p, 2) on others, p ranks; checks off)", "**no error**: the messages have the sizes "
+        "each rank expects and the tags do not carry shapes, so each rank returns rows reduced from differently "
+        "shaped data. Only `MPIRING_CHECK=1` catches this (`shape (9, 2) on ranks 0, 1 but (6, 3) on rank 2`)",
+        min_ranks=2),
     Row("collective-differs-checked", "the same with `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` on every rank: `collective allreduce on ranks 0, 1 but barrier on rank 2`",
+        min_ranks=2),
+    Row("root-differs", f"ranks name different roots (checks off, {T})", "`MessageMismatchError` where a rank "
+        "receives a message sent for another root, else `CollectiveTimeout` within T + 2 s (a reduce's would-be "
+        "roots all wait); but a broadcast's roots only send, so at 2 or 3 ranks every rank may return (each root "
+        "its own data) and leave messages that a later broadcast takes. Only `MPIRING_CHECK=1` catches this",
         min_ranks=2),
     Row("root-differs-checked", "reduce: ranks name different roots, `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` on every rank: `root 0 on ranks 0, 1 but 1 on rank 2`", min_ranks=2),

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,6 @@ from faults import Outcome, attempt, describe, everyone
 from mpi4py import MPI
 
 import mpiring
-from mpiring.algorithms import ALGORITHMS
 from mpiring.selection import read_environment
 
 WORLD = MPI.COMM_WORLD
@@ -244,7 +244,8 @@ def _(comm):
     first = everyone(attempt(lambda: fresh.reduce(np.full(2, RANK + 1.0), root=0, out=bad)))
     assert first[0].error == "ArgumentError" and all(o.error is None for o in first[1:]), describe(first)
     second = everyone(attempt(lambda: fresh.reduce(np.full(2, 10.0 * (RANK + 1)), root=0)))
-    assert second[0].error == "CollectiveTimeout", describe(second)  # its tag moved on: never call 1's sum
+    assert second[0].error == "MessageMismatchError", describe(second)  # its tags moved on: never call 1's sum
+    assert "this rank has seen 1 more failed call(s) than rank" in second[0].message, describe(second)
     assert all(o.error is None and o.value is None for o in second[1:]), describe(second)  # they only send
     other = _fresh(timeout=T)
     bad = np.empty(3) if RANK == LAST else None
@@ -359,15 +360,62 @@ def _(comm):
     checked.free()
 
 
-@row("allreduce-op")
+def _no_foreign_data(outcomes: list[Outcome | None], right: list[Any]) -> None:
+    """Every rank raised MessageMismatchError or CollectiveTimeout within the bound, or returned
+    `right[rank]`, its own call's result; at least one rank named the mismatch."""
+    report = describe(outcomes)
+    for rank, o in enumerate(outcomes):
+        if o.error is None:
+            assert _same(o.value, right[rank]), report
+        else:
+            assert o.error in ("MessageMismatchError", "CollectiveTimeout") and o.seconds <= BOUND, report
+    named = [o for o in outcomes if o.error == "MessageMismatchError"]
+    assert named and all(" sent a message of " in o.message and " this rank " in o.message for o in named), report
+
+
+def _same(value: Any, right: Any) -> bool:
+    return value is None if right is None else value is not None and np.array_equal(value, right)
+
+
+@row("call-differs")
 def _(comm):
-    x = np.full(2 * N, RANK + 1.0)
-    right = np.full(2 * N, N * (N + 1) / 2)
-    for algorithm in ("auto", *ALGORITHMS["allreduce"]):
-        outcomes = everyone(attempt(lambda a=algorithm: comm.allreduce(x, op="max" if RANK == LAST else "sum",
-                                                                       algorithm=a)))
-        assert all(o.error is None for o in outcomes), describe(outcomes)
-        assert any(not np.array_equal(o.value, right) for o in outcomes), f"{algorithm}: no rank got a wrong result"
+    ones = np.ones(6, np.float32)
+    cases = {  # what the last rank passes differently: its call, and everybody else's
+        "dtype": (lambda c: c.allreduce(ones.astype(np.int32)), lambda c: c.allreduce(ones)),
+        "op": (lambda c: c.allreduce(ones, op="max"), lambda c: c.allreduce(ones)),
+        "algorithm": (lambda c: c.allreduce(ones, algorithm="ring"),
+                      lambda c: c.allreduce(ones, algorithm="recursive_doubling")),
+    }
+    for last, others in cases.values():  # an all-reduce needs every rank's data: no rank can finish
+        fresh = _fresh(timeout=T)
+        outcomes = everyone(attempt(lambda f=fresh, la=last, ot=others: la(f) if RANK == LAST else ot(f)))
+        _no_foreign_data(outcomes, [None] * N)
+    out = np.empty_like(ones)  # the others replay a plan (mpiring.engine.plan): its tags carry the identity too
+    planned = _fresh(timeout=T)
+    for _ in range(2):
+        planned.allreduce(ones, out=out)
+    assert planned.plan_of("allreduce", ones, out) is not None
+    outcomes = everyone(attempt(lambda: planned.allreduce(ones, op="max" if RANK == LAST else "sum", out=out)))
+    _no_foreign_data(outcomes, [None] * N)
+    with pytest.MonkeyPatch.context() as patch:  # MPIRING_ALGO set on one rank only
+        if RANK == LAST:
+            patch.setenv("MPIRING_ALGO", "allreduce=ring")
+        fresh = _fresh(timeout=T)  # the environment is read when a communicator is made
+        outcomes = everyone(attempt(lambda: fresh.allreduce(ones)))
+    read_environment()
+    _no_foreign_data(outcomes, [None] * N)
+    _usable(comm)
+
+
+@row("shape-same-bytes")
+def _(comm):
+    x = np.ones((2 * N, 3)) if RANK == LAST else np.ones((3 * N, 2))  # each rank's part: 6 numbers either way
+    fresh = _fresh(timeout=T)
+    outcomes = everyone(attempt(lambda: fresh.reduce_scatter(x)))
+    assert all(o.error is None for o in outcomes), describe(outcomes)  # no error: the bytes agree
+    checked = _fresh(check=True, timeout=30)
+    outcomes = everyone(attempt(lambda: checked.reduce_scatter(x)))
+    _all_raise(outcomes, "CallMismatchError", f"shape ({3 * N}, 2) on", f"({2 * N}, 3) on rank {LAST}")
     _usable(comm)
 
 
@@ -382,9 +430,15 @@ def _(comm):
 
 @row("collective-differs")
 def _(comm):
-    fresh = _fresh(timeout=T)
-    outcomes = everyone(attempt(lambda: fresh.barrier() if RANK == LAST else fresh.allreduce(np.ones(3))))
-    _within_bound(outcomes, ("CommunicationError", "CollectiveTimeout"))
+    three = np.arange(3.0)
+    for last, others, right in (
+        (lambda c: c.barrier(), lambda c: c.allreduce(three), None),
+        (lambda c: c.scatter(np.arange(3.0 * N), root=LAST), lambda c: c.broadcast(three * 0, root=LAST),
+         three + 3 * LAST),
+    ):
+        fresh = _fresh(timeout=T)
+        outcomes = everyone(attempt(lambda f=fresh, la=last, ot=others: la(f) if RANK == LAST else ot(f)))
+        _no_foreign_data(outcomes, [None] * LAST + [right])  # the scatter root's own part is right
 
 
 @row("collective-differs-checked")
@@ -394,6 +448,20 @@ def _(comm):
     _all_raise(outcomes, "CallMismatchError", "collective allreduce on", f"barrier on rank {LAST}")
     _usable(checked)
     checked.free()
+
+
+@row("root-differs")
+def _(comm):
+    fresh = _fresh(timeout=T)
+    outcomes = everyone(attempt(lambda: fresh.reduce(np.ones(3), root=LAST if RANK == LAST else 0)))
+    for rank in (0, LAST):  # both would-be roots wait for data nobody sends them
+        assert outcomes[rank].error in ("MessageMismatchError", "CollectiveTimeout"), describe(outcomes)
+    _within_bound([o for o in outcomes if o.error is not None], ("MessageMismatchError", "CollectiveTimeout"))
+    assert all(o.value is None for o in outcomes), describe(outcomes)  # the senders' right result: None
+    if N == 2:  # two broadcast roots only send: each returns its own data, with no error
+        fresh = _fresh(timeout=T)
+        outcomes = everyone(attempt(lambda: fresh.broadcast(np.full(3, RANK + 1.0), root=RANK)))
+        assert all(o.error is None and o.value[0] == rank + 1 for rank, o in enumerate(outcomes)), describe(outcomes)
 
 
 @row("root-differs-checked")

@@ -8,6 +8,7 @@ import types
 import pytest
 
 import mpiring.ring as ring_module
+from mpiring.engine.tags import Tags
 from mpiring.errors import CollectiveTimeout
 from mpiring.ring import Call, Ring, Step
 
@@ -50,8 +51,9 @@ def _step(*requests: _Request) -> Step:
 
 
 def _poll(step: Step, timeout: float) -> None:
-    ring = object.__new__(Ring)  # poll uses no state of the ring
-    Ring.poll(ring, step, None, Call("allreduce", "ring", 1, timeout))
+    ring = object.__new__(Ring)  # poll uses no other state of the ring than its tags
+    ring.tags = Tags(None)
+    Ring.poll(ring, step, None, Call("allreduce", "ring", 1, timeout))  # a sequence tag: nothing to look for
 
 
 def test_messages_that_arrive_at_the_deadline_are_not_a_timeout(fake_mpi):

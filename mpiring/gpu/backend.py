@@ -171,4 +171,4 @@ class IpcCupyBackend(_SelfPostingBackend):
         return super().post_staged(ring, tag, sends, receives)
 
     def _transfer(self, ring: Ring, tag: int, step: Step) -> IpcTransfer:
-        return IpcTransfer(ring.comm, self.engine, self.pool, tag, step, ack_tag=tag + ring.tag_space)
+        return IpcTransfer(ring.comm, self.engine, self.pool, tag, step, ack_tag=tag + ring.tags.ack_offset)

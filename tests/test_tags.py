@@ -1,0 +1,78 @@
+"""Message tags and call identities (mpiring.engine.tags, mpiring.identity), without MPI: every
+field of a call that changes its identity changes its tag, and the words name what it was."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mpiring import identity
+from mpiring.algorithms import ALGORITHMS
+from mpiring.backend import SUPPORTED_DTYPES
+from mpiring.catalogue import NAMES, REDUCING, ROOTED, WITHOUT_DATA
+from mpiring.engine.tags import Tags
+from mpiring.ops import OPS, op_problem
+
+MPICH, OPEN_MPI = 2**29 - 1, 2**31 - 1
+
+
+def _calls():
+    """Every (collective, dtype, op, root, algorithm) a blocking call can have, roots 0..7."""
+    for collective in NAMES:
+        dtypes = [None] if collective in WITHOUT_DATA else sorted(SUPPORTED_DTYPES, key=str)
+        for dtype in dtypes:
+            ops = [op for op in OPS if op_problem(op, dtype.kind) is None] if collective in REDUCING else [None]
+            for op, root, algorithm in itertools.product(ops, range(8) if collective in ROOTED else [None],
+                                                         ALGORITHMS[collective]):
+                yield collective, dtype, op, root, algorithm
+
+
+def _identity(collective, dtype, op, root, algorithm, layout_round=False):
+    x = None if dtype is None else np.empty(0, dtype)
+    return identity.of_call(collective, x, op, root, layout_round) | identity.of_algorithm(collective, algorithm)
+
+
+def test_every_distinct_call_has_its_own_identity_and_is_named_by_it():
+    seen = {}
+    for call in _calls():
+        bits = _identity(*call)
+        assert bits not in seen, f"{call} and {seen[bits]} share identity {bits:#x}"
+        seen[bits] = call
+        collective, dtype, op, root, algorithm = call
+        words = identity.describe(bits, size=4)
+        assert words.startswith(f"{collective} ") or words == collective
+        for part in (dtype and str(dtype), op and f"op {op}", root is not None and f"root {root}",
+                     f"algorithm {algorithm}"):
+            assert not part or part in words, (call, words)
+    assert max(seen) < 1 << 20
+
+
+def test_a_layout_round_leaves_the_dtype_to_the_layout_comparison():
+    float32, float64 = (identity.of_call("allgather", np.empty(0, d), None, None, True) for d in ("f4", "f8"))
+    assert float32 == float64 and float32 & 1
+    assert identity.describe(float32, 4) == "allgather (layout round first)"
+    assert identity.of_call("allgather", np.empty(0, "f4"), None, None, False) != float32
+
+
+def test_roots_are_told_apart_mod_8_and_say_so_beyond_8_ranks():
+    bits = _identity("broadcast", np.dtype("f8"), None, 11, "ring")
+    assert bits == _identity("broadcast", np.dtype("f8"), None, 3, "ring")
+    assert "root 3 mod 8" in identity.describe(bits, size=16) and "mod 8" not in identity.describe(bits, size=8)
+
+
+@pytest.mark.parametrize("tag_ub", [MPICH, OPEN_MPI])
+def test_blocking_tags_keep_generation_and_identity_apart(tag_ub):
+    tags = Tags(tag_ub)
+    assert tags.identity_bits == 20
+    for generation, bits in ((0, 0), (1, 0x8F3A1), (127, (1 << 20) - 1), (1000, 5)):
+        tag = tags.blocking(generation, bits)
+        assert tags.is_blocking(tag) and tag + tags.ack_offset <= tag_ub
+        assert tags.split(tag) == (generation % tags._generations, bits)
+    assert tags._generations >= 128
+    chosen = tags.with_identity(tags.blocking(3, 0x10000), identity.of_algorithm("allreduce", "ring"))
+    assert tags.split(chosen) == (3, 0x10000 | identity.of_algorithm("allreduce", "ring"))
+    sequence = tags.sequence(7)
+    assert tags.with_identity(sequence, 0x70) == sequence and not tags.is_blocking(sequence)
+    assert not tags.is_blocking(tags.persistent(7)) and not tags.is_blocking(tags.blocking(0, 0) + tags.ack_offset)
