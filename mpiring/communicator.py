@@ -20,7 +20,13 @@ from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.engine.executor import PersistentRequest, run_plan
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
-from mpiring.errors import ArgumentError, CommunicationError, CommunicatorBrokenError, CommunicatorFreedError
+from mpiring.errors import (
+    ArgumentError,
+    CommunicationError,
+    CommunicatorBrokenError,
+    CommunicatorFreedError,
+    ConcurrentUseError,
+)
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
@@ -47,6 +53,9 @@ class Built(NamedTuple):
 
 
 _NDARRAY = numpy.ndarray
+
+# Calls refused before they began (a freed or broken communicator, a second thread): no notice.
+_REFUSALS = (CommunicatorFreedError, CommunicatorBrokenError, ConcurrentUseError)
 
 # How long a collective step waits by default before raising CollectiveTimeout (torch.distributed's
 # default): long enough for any honest imbalance, short enough that a lost rank ends the job.
@@ -126,12 +135,16 @@ class Communicator:
     def free(self) -> None:
         """Release the private MPI communicator (collective; a second call does nothing).
 
-        Collectives called afterwards raise CommunicatorFreedError.
+        Collectives called afterwards raise CommunicatorFreedError. A rank where a call raised
+        keeps the MPI communicator (one context id) instead: its peers may hold messages from it,
+        or it from them, that no receive will take (notices, an abandoned call's data), and MPI
+        could match them in a later communicator given the same context.
         """
         if not self._freed:
             self._freed = True
             self._plans.clear(keep=self._ring.abandoned)
-            self._ring.comm.Free()
+            if not self._ring.failures:
+                self._ring.comm.Free()
 
     def __enter__(self) -> Communicator:
         return self
@@ -208,7 +221,9 @@ class Communicator:
                     return run_plan(ring, plan, call.timeout)
                 self._plans.add(key, Sighting(x, out))
             return run_to_end(ring, built.body(built.backend), call)
-        except BaseException:
+        except BaseException as error:
+            if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
+                ring.leave_notice()
             self._failed()
             raise
 

@@ -11,7 +11,7 @@ raises `MessageMismatchError` naming both calls. Fields, from the lowest bit:
     op            4 bits  1 + its place in mpiring.ops.OPS; 0 without one
     dtype         5 bits  1 + its place among the supported dtypes by name; 0 without data, or
                           with a layout round (which compares the ranks' dtypes and says so)
-    collective    4 bits  its place in the catalogue
+    collective    4 bits  its place in the catalogue (15: a notice, mpiring.engine.tags.NOTICE)
 
 What the tag cannot tell apart is left to MPIRING_CHECK (docs/errors.md): shapes that move the
 same bytes, roots 8 apart, and calls whose ranks exchange no message at all.
@@ -24,6 +24,7 @@ from typing import Any
 from mpiring.algorithms import ALGORITHMS
 from mpiring.backend import SUPPORTED_DTYPES
 from mpiring.catalogue import NAMES, REDUCING, ROOTED, WITHOUT_DATA
+from mpiring.engine.tags import NOTICE
 from mpiring.ops import OPS
 
 _ROOT_SHIFT, _ALGORITHM_SHIFT, _OP_SHIFT, _DTYPE_SHIFT, _COLLECTIVE_SHIFT = 1, 4, 7, 11, 16
@@ -35,7 +36,7 @@ _CODE = {
     "algorithm": {(c, name): i + 1 for c, table in ALGORITHMS.items() for i, name in enumerate(table)},
     "dtype": {dtype: i + 1 for i, dtype in enumerate(_DTYPES)},  # keyed by dtype: str(dtype) costs us
 }
-assert len(NAMES) <= 16 and len(OPS) < 16 and len(_DTYPES) < _OTHER_DTYPE
+assert NOTICE >> _COLLECTIVE_SHIFT == 15 and len(NAMES) < 15 and len(OPS) < 16 and len(_DTYPES) < _OTHER_DTYPE
 assert all(len(algorithms) < 8 for algorithms in ALGORITHMS.values())
 
 
@@ -60,6 +61,8 @@ def of_algorithm(collective: str, algorithm: str) -> int:
 def describe(identity: int, size: int) -> str:
     """A call identity in words, e.g. `allreduce (float32, op sum, algorithm ring)`; `size` is
     the world size (a root above 7 is only known mod 8)."""
+    if identity == NOTICE:
+        return "a notice that its blocking call raised there"
     index = identity >> _COLLECTIVE_SHIFT
     collective = NAMES[index] if index < len(NAMES) else "a collective this rank does not know"
     words = []

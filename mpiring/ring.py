@@ -24,7 +24,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.tags import Tags
+from mpiring.engine.tags import NOTICE, Tags
 from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError, MessageMismatchError
 
 # Tags (which receive may match which message) are laid out in mpiring.engine.tags.
@@ -36,6 +36,8 @@ _POOL_BUFFERS = 4
 
 # A timed wait offers the core between tests this long, then pauses between them (Ring.poll).
 _YIELD_SECONDS = 10e-3
+
+_NOTHING = bytearray(0)  # the buffer of an empty message (notices)
 
 # A long wait looks this often for a message of another call from the peer it waits for (_Watch).
 _LOOK_SECONDS = 20e-3
@@ -128,6 +130,7 @@ class Ring:
         # a blocking call's identity in words (mpiring.identity.describe, given by the Communicator)
         self.describe: Callable[[int, int], str] = lambda identity, size: f"call identity {identity:#x}"
         self.failures = 0  # calls that raised on this rank; picks the blocking tags' generation
+        self.notices: list[MPI.Request] = []  # sends of leave_notice not yet known complete
         self.persistent_requests = 0  # made so far; picks each one's tag
         # a plan being built (mpiring.engine.plan): posts are recorded, not sent
         self.recorder: Any = None
@@ -341,23 +344,45 @@ class Ring:
 
     def foreign_message(self, step: Step, call: Call) -> tuple[int, int] | None:
         """(source, tag) of the first message a peer whose receive in `step` is still pending has
-        sent with another blocking call's tag, if any. Only looks (Iprobe): nothing is received."""
+        sent with another blocking call's tag, if any. It only looks (Iprobe), except that it
+        takes notices of an older generation (a call that raised on this rank too) out of the way."""
         status = MPI.Status()
+        generation = self.tags.split(self.blocking_tag(0))[0]  # this rank's
         for index, _, source in step.receives:
-            if not step.requests[index].Get_status() and self.comm.Iprobe(source, MPI.ANY_TAG, status):
+            while not step.requests[index].Get_status() and self.comm.Iprobe(source, MPI.ANY_TAG, status):
                 tag = status.Get_tag()
-                if tag != call.tag and self.tags.is_blocking(tag):
+                if tag == call.tag or not self.tags.is_blocking(tag):
+                    break
+                if self.tags.split(tag) == (generation, NOTICE) or self.tags.split(tag)[1] != NOTICE:
                     return source, tag
+                self.comm.Recv([_NOTHING, 0, MPI.BYTE], source, tag)  # a notice of a call this rank left too
         return None
+
+    def leave_notice(self) -> None:
+        """This rank's blocking call raised and it moves on (Ring.failures): tell every other rank
+        with an empty message on the notice tag of the generation it leaves, so a peer waiting for
+        it in that call, or in any later call of that generation, raises at once (foreign_message)
+        rather than at its timeout. Ranks that raised too take the notice out of the way."""
+        tag = self.blocking_tag(NOTICE)
+        self.notices = [request for request in self.notices if not request.Test()]
+        self.notices += [self.comm.Isend([_NOTHING, 0, MPI.BYTE], peer, tag)
+                         for peer in range(self.size) if peer != self.rank]
 
     def mismatch(self, call: Call, source: int, tag: int) -> MessageMismatchError:
         """The error for a message of another call from `source`, naming both calls."""
-        (theirs, their_identity), (ours, our_identity) = self.tags.split(tag), self.tags.split(call.tag)
+        theirs, their_identity = self.tags.split(tag)
+        ours = self.tags.split(self.blocking_tag(0))[0]
+        our_identity = self.tags.split(call.tag)[1] if self.tags.is_blocking(call.tag) else None  # None: the check
+        call_words = f"{call.collective} ({call.algorithm})" if our_identity is None else self.describe(our_identity,
+                                                                                                         self.size)
+        waits = f"this rank waits in {call_words} (call {self.calls} here)"
+        if their_identity == NOTICE:
+            return MessageMismatchError(call.collective, f"rank {source} raised in a blocking call and left it "
+                                        f"(see the error there) while {waits}")
         what = f"rank {source} sent a message of {self.describe(their_identity, self.size)}"
         if their_identity != our_identity:
-            problem = (f"{what} while this rank waits in {self.describe(our_identity, self.size)} (call {self.calls} "
-                       "here): the ranks called different collectives, or with different dtypes, ops, roots or "
-                       "algorithms")
+            problem = (f"{what} while {waits}: the ranks called different collectives, or with different dtypes, "
+                       "ops, roots or algorithms")
         else:
             problem = f"{what}, the same kind of call as this rank's (call {self.calls} here)"
         if theirs != ours:
@@ -431,18 +456,21 @@ class Ring:
 
 
 class _Watch:
-    """Looks, every 20 ms of a long wait in a blocking call, whether a peer whose message has not
-    arrived sent one of another blocking call instead (Ring.foreign_message). MPI delivers two
-    ranks' messages in order, so a peer that really was in this call would have sent the awaited
-    message before any later one, and it would have matched the receive that waits for it. The
-    same foreign message seen at two looks (the awaited one still missing) is a mismatch: raise.
+    """Looks, every 20 ms of a long wait in a blocking call (or its consistency check), whether a
+    peer whose message has not arrived sent one of another blocking call instead, or a notice
+    (Ring.foreign_message). MPI delivers two ranks' messages in order, so a peer that really was
+    in this call would have sent the awaited message before any later one, and it would have
+    matched the receive that waits for it. The same foreign message seen at two looks (the
+    awaited one still missing) is a mismatch: raise.
     """
 
     __slots__ = ("ring", "step", "call", "next", "seen")
 
     def __init__(self, ring: Ring, step: Step, call: Call, start: float) -> None:
         self.ring, self.step, self.call = ring, step, call
-        self.next = start + _LOOK_SECONDS if ring.tags.is_blocking(call.tag) and step.receives else math.inf
+        # blocking calls, and the consistency check (tag 0) they may run first
+        watched = call.tag == 0 or ring.tags.is_blocking(call.tag)
+        self.next = start + _LOOK_SECONDS if watched and step.receives else math.inf
         self.seen: tuple[int, int] | None = None
 
     def look(self, now: float) -> None:

@@ -83,11 +83,17 @@ ROWS: list[Row] = [
     Row("argument-one-rank", f"one rank rejects its own argument (`out=` of the wrong shape on the root only) "
         f"while the others go on ({T})", "that rank raises `ArgumentError`; it never returns another call's data "
         "afterwards: a call that raises moves its rank's blocking tags to a new generation (docs/engine.md, tags), "
-        "so no message of the abandoned call can match a later one. Its next call that waits for a peer raises "
-        "`MessageMismatchError` within about 50 ms (`rank 1 sent a message of reduce (...), the same kind of call "
-        "as this rank's (call 2 here); this rank has seen 1 more failed call(s) than rank 1 ...`), or "
-        "`CollectiveTimeout`; the other ranks raise at the first call that needs that rank (a reduce's other "
-        "ranks only send, and return None). Make a new communicator", min_ranks=2),
+        "so no message of the abandoned call can match a later one, and sends every other rank an empty notice. "
+        "A peer waiting for it in that call or a later one raises `MessageMismatchError` within about 50 ms "
+        "(`rank 0 raised in a blocking call and left it (see the error there) while this rank waits in ...`); "
+        "the rejecting rank's next call that waits for a peer sees the abandoned call's message and raises too "
+        "(`... this rank has seen 1 more failed call(s) than rank 1 ...`). Peers that need nothing from it (a "
+        "reduce's senders) return their own result, None. Make a new communicator", min_ranks=2),
+    Row("out-some-ranks", f"`out=` that is wrong on some ranks only, every rank passing the same (reduce-scatter "
+        f"of p+2 rows with `out=` of 1 row: rank 0's and 1's parts have 2; {T}); or wrong on the root only with "
+        "`MPIRING_CHECK=1`", "`ArgumentError` where it is wrong; every other rank raises `MessageMismatchError` "
+        "within about 50 ms, from the notice of a rank that raised (`rank 1 raised in a blocking call and left "
+        "it (see the error there) ...`); no rank waits for its timeout", min_ranks=2),
     Row("threads", "one `Communicator` called from two threads (taking turns or at once)",
         "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
         "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "

@@ -7,7 +7,7 @@ MPI's, at least 32767 by the standard). With Q an eighth of that space:
     [1, Q)       sequence tags: each nonblocking call, and each start of an unplanned persistent
                  request, takes the next one on every rank, so calls in flight at once never mix
     [Q, 2Q)      persistent tags: one per planned persistent request, for its life
-    [2Q, 4Q)     blocking tags: generation x call identity (below)
+    [2Q, 4Q)     blocking tags: generation x call identity (below), and notices (NOTICE)
     [4Q, 8Q)     a transport's second message kind (the IPC path's acknowledgements: tag + 4Q)
 
 A blocking tag is `2Q + generation * 2^IDENTITY_BITS + identity`:
@@ -27,6 +27,9 @@ layout-round bit is kept.
 from __future__ import annotations
 
 IDENTITY_BITS = 20
+# The identity of a notice: an empty message a rank sends every other rank on its blocking tags
+# when a blocking call raised there (Ring.leave_notice); no collective has its code (15).
+NOTICE = 15 << 16
 MIN_TAG_UB = 32767  # the MPI standard's least MPI_TAG_UB
 _MIN_GENERATIONS = 16  # identities are kept in the tag only if at least this many generations fit
 
