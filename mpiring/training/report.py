@@ -42,7 +42,7 @@ def summarize(result: TrainResult, comm: Any) -> dict[str, Any]:
     """Collective: the run's report (the same dict on every rank): the keys of --report."""
     config, strategy = result.config, result.strategy
     mine = [float(result.memory[key]) for key in _PER_RANK]
-    mine += [float(result.bytes_sent), result.step_seconds, result.comm_seconds]
+    mine += [float(result.bytes_sent), result.step_seconds, result.comm_seconds, result.hidden_seconds]
     highest = comm.allreduce(numpy.array(mine), op="max")
     total = comm.allreduce(numpy.array(mine), op="sum")
     most = dict(zip(_PER_RANK, (int(v) for v in highest[: len(_PER_RANK)]), strict=True))
@@ -51,10 +51,13 @@ def summarize(result: TrainResult, comm: Any) -> dict[str, Any]:
     model_bytes = strategy.model.param_count * itemsize
     ddp_state = (2 + strategy.optimizer.slots) * model_bytes
     factor, formula = traffic_factor(config.strategy, n)
-    seconds = highest[-2]
+    # Time: the slowest rank's (every rank waits for it); communication: the mean over ranks.
+    seconds, waited, hidden = highest[-3], total[-2] / n, total[-1] / n
     return {
-        "strategy": config.strategy, "world_size": n, "steps": len(result.losses), "dtype": config.dtype,
-        "device": config.device, "batch_size": config.batch_size, "seed": config.seed,
+        "strategy": config.strategy, "model_kind": config.model, "overlap": config.overlap,
+        "world_size": n, "steps": len(result.losses), "dtype": config.dtype,
+        "device": config.device, "batch_size": config.examples, "tokens_per_step": result.predictions,
+        "seed": config.seed,
         "lr": config.learning_rate, "momentum": config.momentum,
         "model": strategy.model.config.as_dict(), "param_count": strategy.model.param_count,
         "losses": result.losses, "final_loss": result.losses[-1] if result.losses else None,
@@ -67,13 +70,15 @@ def summarize(result: TrainResult, comm: Any) -> dict[str, Any]:
         "model_state_ratio_to_ddp": most["model_state"] / ddp_state,
         "expected_ratio_to_ddp": expected_ratio(config.strategy, n, strategy.optimizer.slots),
         "model_bytes": model_bytes,
-        "bytes_sent_per_rank": total[-3] / n / steps_run if steps_run else 0.0,
+        "bytes_sent_per_rank": total[-4] / n / steps_run if steps_run else 0.0,
         "bytes_sent_per_rank_theory": factor * model_bytes,
         "traffic_formula": f"{formula} x model bytes",
-        "tokens_per_s": config.batch_size * steps_run / seconds if seconds else 0.0,
+        "tokens_per_s": result.predictions * steps_run / seconds if seconds else 0.0,
         "step_seconds": seconds,
-        "comm_seconds": highest[-1],
-        "compute_seconds": max(seconds - highest[-1], 0.0),
+        "comm_seconds": waited,
+        "hidden_seconds": hidden,
+        "compute_seconds": max(seconds - waited, 0.0),
+        "hidden_share": hidden / (hidden + waited) if hidden + waited else 0.0,
         "sample": result.sample,
     }
 
