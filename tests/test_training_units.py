@@ -14,7 +14,13 @@ from mpiring.training.gpt import Block, GPTConfig
 from mpiring.training.memory import MemoryTracker
 from mpiring.training.model import cross_entropy_sum
 from mpiring.training.optimizer import SGD
-from mpiring.training.report import expected_ratio, format_table, traffic_factor
+from mpiring.training.report import (
+    expected_ratio,
+    format_memory_table,
+    format_table,
+    format_time_table,
+    traffic_factor,
+)
 from mpiring.training.sharding import Groups, Shards, make_buckets, split_bounds
 
 
@@ -254,13 +260,19 @@ def _fake_report(strategy: str, ratio: float) -> dict:
             "model_state_ratio_to_ddp": ratio, "expected_ratio_to_ddp": ratio, "peak_bytes_per_rank": state + 10,
             "memory_bytes_per_rank": {"params": state // 3, "grads": state // 3, "optimizer": state // 3},
             "bytes_sent_per_rank": 1500.0, "bytes_sent_per_rank_theory": 1500.0,
-            "traffic_formula": "2(N-1)/N x model bytes"}
+            "traffic_formula": "2(N-1)/N x model bytes", "transient_peak_bytes_per_rank": 10, "steps_run": 3,
+            "step_seconds": 0.3, "compute_seconds": 0.2, "comm_seconds": 0.1, "hidden_seconds": 0.1,
+            "hidden_share": 0.5, "overlap": strategy == "zero3"}
 
 
 def test_summary_table_and_strategy_plot(tmp_path):
     reports = [_fake_report("ddp", 1.0), _fake_report("zero3", 0.25)]
     table = format_table(reports)
-    assert "zero3" in table and "0.250" in table
+    assert "zero3 +overlap" in table and "0.250" in table
+    times = format_time_table(reports).splitlines()
+    assert times[2].split()[3:] == ["100.0", "66.7", "33.3", "33.3", "50%"]  # ms per step, share hidden
+    memory = format_memory_table(reports).splitlines()
+    assert "gathered peak" in memory[0] and "0.2500" in memory[3]
     pytest.importorskip("matplotlib")
     from mpiring.training.plotting import plot_run, plot_strategies
 
