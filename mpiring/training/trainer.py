@@ -31,7 +31,7 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, Zero1, Z
 MODELS = {"mlp": ModelConfig, "gpt": GPTConfig}
 # Learning rates that train each preset steadily at the default batch (wider layers need less).
 PRESET_LR = {"mlp": {"small": 0.3, "medium": 0.3, "large": 0.05},
-             "gpt": {"small": 1.5, "medium": 1.0, "large": 0.5}}
+             "gpt": {"small": 1.5, "medium": 0.2, "large": 0.1}}
 # Global batch (examples) by model: an MLP example predicts one character, a GPT example (a
 # sequence of `context` characters) predicts one per position.
 DEFAULT_BATCH = {"mlp": 1024, "gpt": 128}
