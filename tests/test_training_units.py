@@ -151,6 +151,7 @@ def test_the_learning_rate_schedule():
     mlp = TrainConfig(model="mlp")
     assert mlp.steps == 200 and {mlp.schedule(s) for s in (0, 100, 1000)} == {1.0}
     assert TrainConfig().steps == 400 and TrainConfig().examples == 128
+    assert TrainConfig(embed=30).model_config(10).heads == 3  # --embed alone: the most heads that fit
     with pytest.raises(TrainingError, match="multiple of the 5 heads"):
         TrainConfig(model="gpt", heads=5).check()
     with pytest.raises(TrainingError, match="gpt model only"):

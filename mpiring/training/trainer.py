@@ -80,6 +80,9 @@ class TrainConfig:
         for key in shape:
             if getattr(self, key) is not None:
                 shape[key] = getattr(self, key)
+        if self.model == "gpt" and self.heads is None and shape["embed"] % shape["heads"]:
+            # --embed alone: the most heads, up to the preset's, that divide the width evenly
+            shape["heads"] = max(h for h in range(1, shape["heads"] + 1) if shape["embed"] % h == 0)
         return MODELS[self.model](vocab_size=vocab_size, **shape)
 
     @property
