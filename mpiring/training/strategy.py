@@ -149,7 +149,7 @@ class Strategy:
     def grad_done(self, i: int) -> None:
         """Layer i's gradient sum has been written."""
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         raise NotImplementedError
 
     # ---- the step ------------------------------------------------------------------------
@@ -261,7 +261,7 @@ class Strategy:
             self._wait(request)
         self._pending.clear()
 
-    def _apply_optimizer(self, batch_size: int) -> None:
+    def _apply_optimizer(self, batch_size: float) -> None:
         for seg in self.segments:
             self.optimizer.update(self.xp, seg.param, seg.grad, seg.state, batch_size)
 
