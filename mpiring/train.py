@@ -1,4 +1,4 @@
-"""Train a small character-level language model with DDP or ZeRO-1/2/3, every byte moved by
+"""Train a small character-level language model (a GPT, or an MLP) with DDP or ZeRO-1/2/3, every byte moved by
 mpiring's ring collectives: the `mpiring-train` command (also `python -m mpiring.train`, and
 examples/train.py).
 
@@ -52,20 +52,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strategy", choices=("ddp", "zero1", "zero2", "zero3"), default="zero3",
                    help="what to shard: ddp nothing; zero1 optimizer state; zero2 + gradients; "
                         "zero3 + parameters (default: %(default)s)")
-    p.add_argument("--steps", type=_count(0), default=200, help="total training steps (default: %(default)s)")
+    p.add_argument("--model", choices=("gpt", "mlp"), default="gpt",
+                   help="gpt: a small transformer; mlp: a Bengio-style MLP, the smallest runs (default: %(default)s)")
+    p.add_argument("--steps", type=_count(0), help="total training steps (default: 400 for gpt, 200 for mlp)")
     p.add_argument("--seed", type=int, default=0, help="initial parameters and data order (default: %(default)s)")
-    p.add_argument("--batch-size", type=_count(1), default=1024,
-                   help="GLOBAL batch (characters predicted per step), split among the ranks, so the "
-                        "math does not depend on the world size (default: %(default)s)")
+    p.add_argument("--batch-size", type=_count(1),
+                   help="GLOBAL batch in examples, split among the ranks, so the math does not depend on the "
+                        "world size; an MLP example predicts 1 character, a GPT example (a sequence) one per "
+                        "position (default: 32 for gpt, 1024 for mlp)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu computes with CuPy")
     p.add_argument("--data", metavar="FILE", help="a text file to learn (default: Python's own pydoc topics)")
     p.add_argument("--preset", choices=("small", "medium", "large"), default="small",
-                   help="model shape; large (~7.5M parameters) shows the memory savings (default: %(default)s)")
+                   help="model shape; large shows the memory savings (default: %(default)s)")
     for name, what in (("context", "characters of context"), ("embed", "embedding width"),
-                       ("hidden", "hidden layer width"), ("layers", "hidden layers")):
+                       ("hidden", "hidden layer width (gpt: the MLP's)"), ("layers", "hidden layers (gpt: blocks)"),
+                       ("heads", "attention heads (gpt only)")):
         p.add_argument(f"--{name}", type=_count(1), metavar="N", help=f"{what} (overrides the preset)")
-    p.add_argument("--lr", type=_positive_float, help="learning rate (default: 0.3; 0.05 for --preset large)")
+    p.add_argument("--lr", type=_positive_float, help="learning rate (default: the preset's; docs/training.md)")
+    p.add_argument("--warmup", type=_count(0), metavar="N",
+                   help="learning rate: linear warm-up over N steps (default: 50 for gpt, 0 for mlp)")
+    p.add_argument("--decay-steps", type=_count(0), metavar="N",
+                   help="then a cosine down to a tenth at step N, 0 = none (default: 400 for gpt, 0 for mlp)")
     p.add_argument("--momentum", type=_fraction, default=0.9,
                    help="SGD momentum; 0 is plain SGD, with no optimizer state (default: %(default)s)")
     p.add_argument("--bucket-kb", type=_count(0), default=256,
@@ -115,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     comm = mpiring.Communicator(timeout=args.timeout) if args.timeout else mpiring.Communicator()
     say = print if comm.rank == 0 else None
     config = TrainConfig(
-        strategy=args.strategy, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+        strategy=args.strategy, model=args.model, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
         dtype=args.dtype, device=args.device, preset=args.preset, context=args.context,
-        embed=args.embed, hidden=args.hidden, layers=args.layers, lr=args.lr, momentum=args.momentum,
+        embed=args.embed, hidden=args.hidden, layers=args.layers, heads=args.heads, lr=args.lr, momentum=args.momentum,
+        warmup=args.warmup, decay_steps=args.decay_steps,
         bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap,
         algorithm=None if args.algorithm == "auto" else args.algorithm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, log_every=args.log_every,

@@ -18,8 +18,10 @@ from run_world_sizes import mpi_environment
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 # A model of a few hundred parameters, so each launch is mostly start-up.
-TINY = ["--context", "3", "--embed", "5", "--hidden", "7", "--layers", "2", "--batch-size", "10",
+TINY = ["--model", "mlp", "--context", "3", "--embed", "5", "--hidden", "7", "--layers", "2", "--batch-size", "10",
         "--log-every", "0", "--sample-chars", "20"]
+GPT_TINY = ["--context", "4", "--embed", "6", "--heads", "2", "--hidden", "10", "--layers", "2", "--batch-size", "6",
+            "--lr", "0.5", "--warmup", "2", "--log-every", "0", "--sample-chars", "20"]
 TIMEOUT = 120
 
 
@@ -55,6 +57,16 @@ def test_bad_flags_get_argparse_messages(env, flags, message):
     done = launch(env, 0, *flags)
     assert done.returncode == 2
     assert message in done.stderr and "usage:" in done.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--heads", "5"], "the embedding width 48 must be a multiple of the 5 heads"),
+    (["--model", "mlp", "--heads", "2"], "heads applies to the gpt model only"),
+])
+def test_impossible_model_shapes_stop_every_rank_with_one_message(env, flags, message):
+    done = launch(env, 2, *flags)
+    assert done.returncode == 1
+    assert done.stderr.count(message) == 1, done.stderr
 
 
 def test_bad_flags_under_mpirun_print_once_and_end(env):
@@ -108,14 +120,17 @@ def test_a_run_reports_plots_and_checkpoints(env, text, tmp_path):
         args += ["--plot", str(plot)]
     except ImportError:
         plot = None
-    done = launch(env, 2, *TINY, *args)
+    done = launch(env, 2, *GPT_TINY, *args)  # the default model, gpt
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("step ") >= 6 and "sent/rank/step" in done.stdout and "sample" in done.stdout
+    assert "comm waited" in done.stdout and "hidden" in done.stdout
     r = json.loads(report.read_text())
     for key in ("strategy", "world_size", "steps", "dtype", "losses", "final_loss", "param_count",
-                "model_state_bytes_per_rank", "peak_bytes_per_rank", "bytes_sent_per_rank", "tokens_per_s"):
+                "model_state_bytes_per_rank", "peak_bytes_per_rank", "bytes_sent_per_rank", "tokens_per_s",
+                "compute_seconds", "comm_seconds", "hidden_seconds", "hidden_share", "tokens_per_step"):
         assert key in r
     assert (r["strategy"], r["world_size"], r["steps"], r["dtype"]) == ("zero3", 2, 6, "float64")
+    assert (r["model"]["kind"], r["tokens_per_step"]) == ("gpt", 6 * 4)
     assert len(r["losses"]) == 6 and r["final_loss"] == r["losses"][-1] < r["losses"][0]
     assert sorted(os.listdir(checkpoints)) == ["step-00000004", "step-00000006"]  # every 4, and the end
     if plot:

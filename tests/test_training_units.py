@@ -9,11 +9,18 @@ import os
 import numpy
 import pytest
 
-from mpiring.training import CharData, Model, ModelConfig, TrainingError, default_text, read_text
+from mpiring.training import CharData, Model, ModelConfig, TrainConfig, TrainingError, default_text, read_text
+from mpiring.training.gpt import Block, GPTConfig
 from mpiring.training.memory import MemoryTracker
 from mpiring.training.model import cross_entropy_sum
 from mpiring.training.optimizer import SGD
-from mpiring.training.report import expected_ratio, format_table, traffic_factor
+from mpiring.training.report import (
+    expected_ratio,
+    format_memory_table,
+    format_table,
+    format_time_table,
+    traffic_factor,
+)
 from mpiring.training.sharding import Groups, Shards, make_buckets, split_bounds
 
 
@@ -56,6 +63,99 @@ def test_gradient_sums_add_up_over_any_split_of_the_batch():
     parts = [_loss_and_grads(model, params, ids[a:b], targets[a:b]) for a, b in ((0, 2), (2, 2), (2, 5))]
     assert sum(p[0] for p in parts) == pytest.approx(whole_loss, rel=1e-12)
     numpy.testing.assert_allclose(sum(p[1] for p in parts), whole, rtol=1e-12, atol=1e-14)
+
+
+# Two blocks of two heads, context 5: small enough to difference every parameter.
+GPT_SMALL = GPTConfig(vocab_size=7, context=5, embed=8, heads=2, hidden=12, layers=2)
+
+
+def _gpt_params(model: Model, seed: int) -> numpy.ndarray:
+    """The initial parameters, perturbed: layer-norm gains of 1 and zero biases would hide
+    mistakes in their gradients."""
+    params = numpy.concatenate([model.initial(i, seed=seed) for i in range(len(model.layers))])
+    return params + numpy.random.default_rng(seed).normal(0.0, 0.3, params.size)
+
+
+@pytest.mark.parametrize("length", [5, 3])  # the full context, and sequences shorter than it
+def test_gpt_backward_matches_finite_differences_for_every_tensor(length):
+    model = Model(GPT_SMALL)
+    params = _gpt_params(model, seed=4)
+    rng = numpy.random.default_rng(length)
+    ids, targets = rng.integers(0, 7, (3, length)), rng.integers(0, 7, 3 * length)
+    _, grads = _loss_and_grads(model, params, ids, targets)
+    numeric = numpy.empty_like(params)
+    eps = 1e-6
+    for k in range(model.param_count):
+        bumped = params.copy()
+        bumped[k] += eps
+        up, _ = _loss_and_grads(model, bumped, ids, targets)
+        bumped[k] -= 2 * eps
+        down, _ = _loss_and_grads(model, bumped, ids, targets)
+        numeric[k] = (up - down) / (2 * eps)
+    checked = []
+    for i, layer in enumerate(model.layers):
+        base = model.span(i)[0]
+        for name, (lo, hi) in layer.tensors.spans.items():
+            got, want = grads[base + lo : base + hi], numeric[base + lo : base + hi]
+            numpy.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=f"{layer.name}: {name}")
+            checked.append(name)
+    assert {"W_query", "W_key", "W_value", "W_out", "W_fc", "W_proj", "token", "position", "W_vocab"} <= set(checked)
+    assert sum(layer.size for layer in model.layers) == model.param_count
+
+
+def test_gpt_attention_is_causal():
+    """Changing a later character changes no earlier position's logits."""
+    model = Model(GPT_SMALL)
+    params = _gpt_params(model, seed=5)
+    ids = numpy.random.default_rng(0).integers(0, 7, (2, 5))
+    changed = ids.copy()
+    changed[:, 3] = (changed[:, 3] + 1) % 7
+    a, b = (model.logits(params, x).reshape(2, 5, 7) for x in (ids, changed))
+    assert numpy.array_equal(a[:, :3], b[:, :3])
+    assert not numpy.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_gpt_gradient_sums_add_up_over_any_split_of_the_batch():
+    model = Model(GPT_SMALL)
+    params = _gpt_params(model, seed=6)
+    rng = numpy.random.default_rng(1)
+    ids, targets = rng.integers(0, 7, (5, 5)), rng.integers(0, 7, (5, 5))
+    whole_loss, whole = _loss_and_grads(model, params, ids, targets.reshape(-1))
+    parts = [_loss_and_grads(model, params, ids[a:b], targets[a:b].reshape(-1)) for a, b in ((0, 2), (2, 2), (2, 5))]
+    assert sum(p[0] for p in parts) == pytest.approx(whole_loss, rel=1e-12)
+    numpy.testing.assert_allclose(sum(p[1] for p in parts), whole, rtol=1e-11, atol=1e-13)
+
+
+def test_gpt_layers_are_what_the_strategies_cut():
+    model = Model(GPTConfig(vocab_size=50, context=16, embed=32, heads=4, hidden=128, layers=3))
+    assert [type(layer).__name__ for layer in model.layers] == ["Embedding", "Block", "Block", "Block", "Head"]
+    block = model.layers[1]
+    assert isinstance(block, Block) and block.size == 4 * (32 * 32 + 32) + 4 * 32 + 2 * 32 * 128 + 128 + 32
+    assert model.param_count == 50 * 32 + 16 * 32 + 3 * block.size + 2 * 32 + 32 * 50
+
+
+def test_gpt_data_predicts_every_position():
+    data = CharData("hello world, hello mpiring! " * 20, context=4)
+    inputs, targets = data.batch(3, 8, 1, rank=0, size=1, every_position=True)
+    assert inputs.shape == (8, 4) and targets.shape == (32,)
+    assert numpy.array_equal(targets.reshape(8, 4)[:, :-1], inputs[:, 1:])
+    start = data.global_batch(3, 8, seed=1)[0]
+    assert targets[3] == data.tokens[start + 4]
+
+
+def test_the_learning_rate_schedule():
+    gpt = TrainConfig(model="gpt", warmup=10, decay_steps=110)
+    assert [gpt.schedule(s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert gpt.schedule(60) == pytest.approx(0.55)
+    assert gpt.schedule(110) == pytest.approx(0.1) and gpt.schedule(500) == pytest.approx(0.1)
+    mlp = TrainConfig(model="mlp")
+    assert mlp.steps == 200 and {mlp.schedule(s) for s in (0, 100, 1000)} == {1.0}
+    assert TrainConfig().steps == 400 and TrainConfig().examples == 128
+    assert TrainConfig(embed=30).model_config(10).heads == 3  # --embed alone: the most heads that fit
+    with pytest.raises(TrainingError, match="multiple of the 5 heads"):
+        TrainConfig(model="gpt", heads=5).check()
+    with pytest.raises(TrainingError, match="gpt model only"):
+        TrainConfig(model="mlp", heads=2).check()
 
 
 @pytest.mark.parametrize("total", [0, 1, 7, 10, 64])
@@ -161,13 +261,19 @@ def _fake_report(strategy: str, ratio: float) -> dict:
             "model_state_ratio_to_ddp": ratio, "expected_ratio_to_ddp": ratio, "peak_bytes_per_rank": state + 10,
             "memory_bytes_per_rank": {"params": state // 3, "grads": state // 3, "optimizer": state // 3},
             "bytes_sent_per_rank": 1500.0, "bytes_sent_per_rank_theory": 1500.0,
-            "traffic_formula": "2(N-1)/N x model bytes"}
+            "traffic_formula": "2(N-1)/N x model bytes", "transient_peak_bytes_per_rank": 10, "steps_run": 3,
+            "step_seconds": 0.3, "compute_seconds": 0.2, "comm_seconds": 0.1, "hidden_seconds": 0.1,
+            "hidden_share": 0.5, "overlap": strategy == "zero3"}
 
 
 def test_summary_table_and_strategy_plot(tmp_path):
     reports = [_fake_report("ddp", 1.0), _fake_report("zero3", 0.25)]
     table = format_table(reports)
-    assert "zero3" in table and "0.250" in table
+    assert "zero3 +overlap" in table and "0.250" in table
+    times = format_time_table(reports).splitlines()
+    assert times[2].split()[3:] == ["100.0", "66.7", "33.3", "33.3", "50%"]  # ms per step, share hidden
+    memory = format_memory_table(reports).splitlines()
+    assert "gathered peak" in memory[0] and "0.2500" in memory[3]
     pytest.importorskip("matplotlib")
     from mpiring.training.plotting import plot_run, plot_strategies
 

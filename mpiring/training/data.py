@@ -2,7 +2,8 @@
 
 Every rank reads the whole text (it is small, and every rank needs the vocabulary). An example
 is a position e of the text: the k characters from e are the context, the one after is the
-target. Each epoch visits the examples in a permutation drawn from (seed, epoch); step s takes
+target (for the MLP); for the GPT every one of the k positions is a prediction, its target the
+character after it. Each epoch visits the examples in a permutation drawn from (seed, epoch); step s takes
 the next `batch_size` of them: that *global* batch depends only on the seed and the step, never
 on the world size. Rank r then takes part r of it, cut as numpy.array_split cuts it.
 
@@ -84,11 +85,13 @@ class CharData:
             self._epoch = (seed, epoch, order)
         return self._epoch[2][index * batch_size : (index + 1) * batch_size]
 
-    def batch(self, step: int, batch_size: int, seed: int, rank: int, size: int, xp: Any = numpy
-              ) -> tuple[Any, Any]:
-        """This rank's part of step `step`'s global batch: contexts (b, k) and targets (b,)."""
+    def batch(self, step: int, batch_size: int, seed: int, rank: int, size: int, xp: Any = numpy,
+              every_position: bool = False) -> tuple[Any, Any]:
+        """This rank's part of step `step`'s global batch: contexts (b, k) and targets (b,), or
+        with `every_position` targets (b*k,): the character after each context position."""
         bounds = split_bounds(batch_size, size)
         starts = self.global_batch(step, batch_size, seed)[bounds[rank] : bounds[rank + 1]]
         window = starts[:, None] + numpy.arange(self.context + 1)
         rows = self.tokens[window]
-        return xp.asarray(rows[:, :-1]), xp.asarray(rows[:, -1])
+        targets = rows[:, 1:].reshape(-1) if every_position else rows[:, -1]
+        return xp.asarray(rows[:, :-1]), xp.asarray(targets)

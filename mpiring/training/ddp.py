@@ -36,7 +36,7 @@ class DDP(Strategy):
             lo, hi = self.buckets.ranges[bucket]
             self._launch("allreduce", self.grads[lo:hi], out=self.grads[lo:hi])
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         self._drain()
         self._apply_optimizer(batch_size)
 

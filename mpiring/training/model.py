@@ -1,4 +1,5 @@
-"""A small next-character language model, forward and backward written by hand.
+"""The Bengio-style MLP language model, and what every model shares: the flat parameter vector
+cut into layers, initialization, sampling. (gpt.py has the transformer.)
 
     context ids (b, k) ─► Embedding ─► (b, k*E) ─► Dense+tanh ─► ... ─► Dense ─► logits (b, V)
 
@@ -18,16 +19,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy
 
-# Model shapes by name. "small" is the default: 8 ranks on 2 cores train it in well under a
-# minute. "large" (~7.5M parameters) is there to show what sharding saves.
-PRESETS: dict[str, dict[str, int]] = {
-    "small": {"context": 12, "embed": 24, "hidden": 128, "layers": 3},
-    "medium": {"context": 16, "embed": 32, "hidden": 512, "layers": 4},
-    "large": {"context": 32, "embed": 64, "hidden": 1024, "layers": 6},
+# Model shapes by model and name. The default (gpt, small) trains on 8 ranks sharing 2 cores in
+# under a minute; "large" is there to show what sharding saves.
+PRESETS: dict[str, dict[str, dict[str, int]]] = {
+    "mlp": {
+        "small": {"context": 12, "embed": 24, "hidden": 128, "layers": 3},
+        "medium": {"context": 16, "embed": 32, "hidden": 512, "layers": 4},
+        "large": {"context": 32, "embed": 64, "hidden": 1024, "layers": 6},
+    },
+    "gpt": {
+        "small": {"context": 32, "embed": 48, "heads": 4, "hidden": 192, "layers": 2},
+        "medium": {"context": 64, "embed": 128, "heads": 4, "hidden": 512, "layers": 4},
+        "large": {"context": 64, "embed": 256, "heads": 8, "hidden": 1024, "layers": 8},
+    },
 }
 
 
@@ -40,9 +48,22 @@ class ModelConfig:
     embed: int = 24
     hidden: int = 128
     layers: int = 3
+    kind: str = "mlp"
 
-    def as_dict(self) -> dict[str, int]:
+    # One example (k characters of context) predicts one character.
+    predictions_per_example: ClassVar[int] = 1
+
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def build_layers(self) -> list[Any]:
+        layers: list[Any] = [Embedding(self.vocab_size, self.embed, self.context)]
+        width = self.context * self.embed
+        for _ in range(self.layers):
+            layers.append(Dense(width, self.hidden, activation=True))
+            width = self.hidden
+        layers.append(Dense(width, self.vocab_size, activation=False))
+        return layers
 
 
 class Embedding:
@@ -106,23 +127,15 @@ class Dense:
         return dz @ self._split(flat)[0].T
 
 
-Layer = Embedding | Dense
-
-
 class Model:
     """The layers, where each sits in the flat parameter vector, and how to initialize them."""
 
-    def __init__(self, config: ModelConfig, xp: Any = numpy, dtype: Any = numpy.float64) -> None:
+    def __init__(self, config: Any, xp: Any = numpy, dtype: Any = numpy.float64) -> None:
+        """`config` is a ModelConfig (the MLP) or a gpt.GPTConfig: anything with build_layers()."""
         self.config = config
         self.xp = xp
         self.dtype = numpy.dtype(dtype)
-        c = config
-        self.layers: list[Layer] = [Embedding(c.vocab_size, c.embed, c.context)]
-        width = c.context * c.embed
-        for _ in range(c.layers):
-            self.layers.append(Dense(width, c.hidden, activation=True))
-            width = c.hidden
-        self.layers.append(Dense(width, c.vocab_size, activation=False))
+        self.layers: list[Any] = config.build_layers()
         self.offsets = [0]
         for layer in self.layers:
             self.offsets.append(self.offsets[-1] + layer.size)
@@ -146,7 +159,8 @@ class Model:
         return self.xp.asarray(self.layers[i].init(rng).astype(self.dtype))
 
     def logits(self, params: Any, ids: Any) -> Any:
-        """Forward pass with the full flat parameter vector (for sampling, not for training)."""
+        """Forward pass with the full flat parameter vector (for sampling, not for training):
+        (b, V) for the MLP, (b*t, V) for the GPT (every position's prediction)."""
         h = ids
         for i, layer in enumerate(self.layers):
             lo, hi = self.span(i)
@@ -174,7 +188,7 @@ def generate(model: Model, params: numpy.ndarray, prompt: list[int], length: int
     k = model.config.context
     for _ in range(length):
         context = numpy.asarray([ids[-k:]])
-        logits = model.logits(params, context)[0].astype(numpy.float64) / temperature
+        logits = model.logits(params, context)[-1].astype(numpy.float64) / temperature
         p = numpy.exp(logits - logits.max())
         ids.append(int(rng.choice(len(p), p=p / p.sum())))
     return ids[len(prompt):]

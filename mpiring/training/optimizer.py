@@ -26,7 +26,7 @@ class SGD:
         """Optimizer state values kept per parameter."""
         return 1 if self.momentum else 0
 
-    def update(self, xp: Any, param: Any, grad_sum: Any, state: list[Any], batch_size: int) -> None:
+    def update(self, xp: Any, param: Any, grad_sum: Any, state: list[Any], batch_size: float) -> None:
         """Update `param` in place. `grad_sum` is used as scratch (it is recomputed every step),
         so the update allocates nothing."""
         grad = grad_sum

@@ -10,8 +10,10 @@ The step runs forward layer 0..L-1, then backward L-1..0, and asks the strategy 
 
 Collectives go through `_start` / `_launch`: blocking today; with `overlap=True` they use the
 communicator's nonblocking variants (iallreduce, ireduce_scatter, iallgather) and are waited
-for only when their result is needed, so communication hides behind compute. The time spent
-inside collective calls and waits is `comm_seconds`: the communication a step could not hide.
+for only when their result is needed, so communication hides behind compute. `clock` (a
+CommClock) measures both sides: the time spent inside collective calls, tests and waits (the
+communication a step waited on, `comm_seconds`) and the time nonblocking collectives were in
+flight while this rank computed (the communication hidden, `hidden_seconds`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,54 @@ class Finished:
         return self._result
 
 
+class CommClock:
+    """Exposed and hidden communication time of one rank.
+
+    exposed: wall time inside collective calls, test() and wait() (the rank computes nothing).
+    hidden:  wall time at least one nonblocking collective was in flight (started, not yet seen
+             complete by test() or wait()) minus the exposed time that fell inside those spans:
+             the time communication was outstanding while the rank computed.
+
+    mpiring has no progress thread: a request's messages move inside its test() and wait() calls
+    and in MPI's own progress, so `hidden` is time the collective *could* progress behind
+    compute; the blocking run's exposed time is the yardstick for what overlap saved.
+    """
+
+    def __init__(self) -> None:
+        self.exposed = 0.0
+        self.in_flight = 0.0
+        self._exposed_in_flight = 0.0
+        self._active: set[int] = set()
+        self._busy_since = 0.0
+
+    @property
+    def hidden(self) -> float:
+        return max(self.in_flight - self._exposed_in_flight, 0.0)
+
+    def call(self, run: Callable[[], Any]) -> Any:
+        """run() inside a collective call, test or wait: timed as exposed."""
+        busy = bool(self._active)
+        began = time.perf_counter()
+        try:
+            return run()
+        finally:
+            spent = time.perf_counter() - began
+            self.exposed += spent
+            if busy:
+                self._exposed_in_flight += spent
+
+    def started(self, request: Any) -> None:
+        if not self._active:
+            self._busy_since = time.perf_counter()
+        self._active.add(id(request))
+
+    def finished(self, request: Any) -> None:
+        if id(request) in self._active:
+            self._active.discard(id(request))
+            if not self._active:
+                self.in_flight += time.perf_counter() - self._busy_since
+
+
 class Strategy:
     """Base of DDP and ZeRO-1/2/3. Subclasses allocate their state in `setup` and fill `segments`."""
 
@@ -79,7 +129,7 @@ class Strategy:
         # None: mpiring's own choice; "ring" pins the algorithms the traffic theory describes.
         self.algorithm = algorithm
         self.memory = MemoryTracker()
-        self.comm_seconds = 0.0
+        self.clock = CommClock()
         self.full: Any = None  # the full flat parameter vector, for strategies that keep one
         self.grads: Any = None  # the full flat gradient vector, for strategies that keep one
         self.segments: list[Segment] = []
@@ -99,12 +149,15 @@ class Strategy:
     def grad_done(self, i: int) -> None:
         """Layer i's gradient sum has been written."""
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         raise NotImplementedError
 
     # ---- the step ------------------------------------------------------------------------
-    def step(self, inputs: Any, targets: Any, batch_size: int) -> float:
-        """One training step on this rank's part of the global batch; returns the global mean loss."""
+    def step(self, inputs: Any, targets: Any, batch_size: int, grad_scale: float = 1.0) -> float:
+        """One training step on this rank's part of the global batch; returns the global mean loss.
+
+        The update uses the mean gradient times `grad_scale` (the learning-rate schedule's factor:
+        with momentum, scaling what enters the velocity ramps the step size smoothly)."""
         xp, layers = self.xp, self.model.layers
         h, caches = inputs, []
         # params(i) is never kept here: a just-in-time gathered layer is freed when it returns.
@@ -118,7 +171,7 @@ class Strategy:
             self.grad_done(i)
             self._progress()
         loss = self._wait(self._start("allreduce", loss_sum.reshape(1)))
-        self.finish(batch_size)
+        self.finish(batch_size / grad_scale)
         return float(loss[0]) / batch_size
 
     # ---- building blocks -----------------------------------------------------------------
@@ -159,22 +212,29 @@ class Strategy:
             grad = grads[lo:hi] if grads_flat else grads[a:b]
             self.segments.append(Segment(lo, hi, param, grad, [s[a:b] for s in state]))
 
+    @property
+    def comm_seconds(self) -> float:
+        """Time inside collective calls, tests and waits so far: communication waited on."""
+        return self.clock.exposed
+
+    @property
+    def hidden_seconds(self) -> float:
+        """Time nonblocking collectives were in flight while this rank computed."""
+        return self.clock.hidden
+
     def _start(self, collective: str, *args: Any, **kwargs: Any) -> Any:
         """Start a collective; returns something whose wait() gives its result."""
         if self.algorithm is not None:
             kwargs["algorithm"] = self.algorithm
-        began = time.perf_counter()
-        if self.overlap:
-            request = getattr(self.comm, "i" + collective)(*args, **kwargs)
-        else:
-            request = Finished(getattr(self.comm, collective)(*args, **kwargs))
-        self.comm_seconds += time.perf_counter() - began
+        if not self.overlap:
+            return Finished(self.clock.call(lambda: getattr(self.comm, collective)(*args, **kwargs)))
+        request = self.clock.call(lambda: getattr(self.comm, "i" + collective)(*args, **kwargs))
+        self.clock.started(request)
         return request
 
     def _wait(self, request: Any) -> Any:
-        began = time.perf_counter()
-        result = request.wait()
-        self.comm_seconds += time.perf_counter() - began
+        result = self.clock.call(request.wait)
+        self.clock.finished(request)
         return result
 
     def _launch(self, collective: str, *args: Any, keep: Any = None, **kwargs: Any) -> None:
@@ -191,10 +251,9 @@ class Strategy:
     def _progress(self) -> None:
         """Between layers: let collectives in flight advance (mpiring's nonblocking collectives
         move only inside test() and wait(): there is no progress thread)."""
-        began = time.perf_counter()
         for request in self._in_flight():
-            request.test()
-        self.comm_seconds += time.perf_counter() - began
+            if self.clock.call(request.test):
+                self.clock.finished(request)
 
     def _drain(self) -> None:
         """Wait for every collective `_launch` started."""
@@ -202,7 +261,7 @@ class Strategy:
             self._wait(request)
         self._pending.clear()
 
-    def _apply_optimizer(self, batch_size: int) -> None:
+    def _apply_optimizer(self, batch_size: float) -> None:
         for seg in self.segments:
             self.optimizer.update(self.xp, seg.param, seg.grad, seg.state, batch_size)
 

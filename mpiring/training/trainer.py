@@ -6,6 +6,7 @@ every rank of `comm` calls it with the same settings.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from mpiring.training.arrays import array_module
 from mpiring.training.data import CharData
 from mpiring.training.ddp import DDP
 from mpiring.training.errors import TrainingError, agree
+from mpiring.training.gpt import GPTConfig
 from mpiring.training.model import PRESETS, Model, ModelConfig, generate
 from mpiring.training.optimizer import SGD
 from mpiring.training.strategy import DEFAULT_BUCKET_BYTES, Strategy
@@ -26,8 +28,16 @@ from mpiring.training.zero2 import Zero2
 from mpiring.training.zero3 import Zero3
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, Zero1, Zero2, Zero3)}
+MODELS = {"mlp": ModelConfig, "gpt": GPTConfig}
 # Learning rates that train each preset steadily at the default batch (wider layers need less).
-PRESET_LR = {"small": 0.3, "medium": 0.3, "large": 0.05}
+PRESET_LR = {"mlp": {"small": 0.3, "medium": 0.3, "large": 0.05},
+             "gpt": {"small": 1.5, "medium": 0.2, "large": 0.1}}
+# Global batch (examples) by model: an MLP example predicts one character, a GPT example (a
+# sequence of `context` characters) predicts one per position.
+DEFAULT_BATCH = {"mlp": 1024, "gpt": 128}
+DEFAULT_STEPS = {"mlp": 200, "gpt": 400}
+# (warm-up steps, cosine decay steps): the MLP trains at a constant rate unless asked.
+DEFAULT_SCHEDULE = {"mlp": (0, 0), "gpt": (50, 400)}
 
 
 @dataclass
@@ -35,16 +45,18 @@ class TrainConfig:
     """Everything that decides a run. `batch_size` is the global batch, split among the ranks."""
 
     strategy: str = "zero3"
-    steps: int = 200
+    model: str = "gpt"
+    steps: int | None = None  # None: the model's DEFAULT_STEPS (set in __post_init__)
     seed: int = 0
-    batch_size: int = 1024
+    batch_size: int | None = None  # examples; None: the model's DEFAULT_BATCH
     dtype: str = "float32"
     device: str = "cpu"
     preset: str = "small"
-    context: int | None = None  # these four override the preset's shape
+    context: int | None = None  # these override the preset's shape
     embed: int | None = None
     hidden: int | None = None
     layers: int | None = None
+    heads: int | None = None  # gpt only
     lr: float | None = None  # None: the preset's (PRESET_LR)
     momentum: float = 0.9
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -56,27 +68,69 @@ class TrainConfig:
     resume: bool = False
     log_every: int = 1
     sample_chars: int = 200
+    warmup: int | None = None  # learning-rate schedule (see schedule); None: the model's
+    decay_steps: int | None = None
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        shape = dict(PRESETS[self.preset])
+    def __post_init__(self) -> None:
+        if self.steps is None:
+            self.steps = DEFAULT_STEPS.get(self.model, 0)
+
+    def model_config(self, vocab_size: int) -> ModelConfig | GPTConfig:
+        shape = dict(PRESETS[self.model][self.preset])
         for key in shape:
             if getattr(self, key) is not None:
                 shape[key] = getattr(self, key)
-        return ModelConfig(vocab_size=vocab_size, **shape)
+        if self.model == "gpt" and self.heads is None and shape["embed"] % shape["heads"]:
+            # --embed alone: the most heads, up to the preset's, that divide the width evenly
+            shape["heads"] = max(h for h in range(1, shape["heads"] + 1) if shape["embed"] % h == 0)
+        return MODELS[self.model](vocab_size=vocab_size, **shape)
 
     @property
     def learning_rate(self) -> float:
-        return PRESET_LR[self.preset] if self.lr is None else self.lr
+        return PRESET_LR[self.model][self.preset] if self.lr is None else self.lr
+
+    def schedule(self, step: int) -> float:
+        """The learning rate's factor at `step`: a linear warm-up over `warmup` steps (SGD on a
+        transformer diverges without one), then a cosine from 1 down to 0.1 at step `decay_steps`
+        (none if that is not past the warm-up), 0.1 after it (nanoGPT's shape). It depends on the
+        step and these settings only, not on --steps: a run resumed with more steps follows it exactly."""
+        warmup, decay = self.lr_schedule
+        if step < warmup:
+            return (step + 1) / warmup
+        if decay <= warmup:
+            return 1.0
+        progress = min((step - warmup) / (decay - warmup), 1.0)
+        return 0.1 + 0.45 * (1.0 + math.cos(math.pi * progress))
+
+    @property
+    def lr_schedule(self) -> tuple[int, int]:
+        """(warm-up steps, decay steps), the model's defaults where not given."""
+        warmup, decay = DEFAULT_SCHEDULE[self.model]
+        return (warmup if self.warmup is None else self.warmup,
+                decay if self.decay_steps is None else self.decay_steps)
+
+    @property
+    def examples(self) -> int:
+        """The global batch in examples."""
+        return DEFAULT_BATCH.get(self.model, 1) if self.batch_size is None else self.batch_size
 
     def check(self) -> None:
         """Raise TrainingError for settings no run could use (the command line checks first)."""
+        if self.model not in MODELS:
+            raise TrainingError(f"unknown model {self.model!r} (expected one of {', '.join(MODELS)})")
         if self.strategy not in STRATEGIES:
             raise TrainingError(f"unknown strategy {self.strategy!r} (expected one of {', '.join(STRATEGIES)})")
-        if self.preset not in PRESETS:
-            raise TrainingError(f"unknown preset {self.preset!r} (expected one of {', '.join(PRESETS)})")
+        if self.preset not in PRESETS[self.model]:
+            raise TrainingError(f"unknown preset {self.preset!r} (expected one of {', '.join(PRESETS[self.model])})")
+        if self.model == "mlp" and self.heads is not None:
+            raise TrainingError("heads applies to the gpt model only")
+        if self.model == "gpt":
+            shape = self.model_config(1)
+            if shape.embed % shape.heads:
+                raise TrainingError(f"the embedding width {shape.embed} must be a multiple of the {shape.heads} heads")
         if self.dtype not in ("float32", "float64"):
             raise TrainingError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        if self.steps < 0 or self.batch_size < 1 or self.checkpoint_every < 0 or self.keep < 0:
+        if self.steps < 0 or self.examples < 1 or self.checkpoint_every < 0 or self.keep < 0:
             raise TrainingError("steps, checkpoint_every and keep must be >= 0, batch_size >= 1")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise TrainingError("checkpoint_every and resume need a checkpoint directory")
@@ -93,6 +147,8 @@ class TrainResult:
     start_step: int
     step_seconds: float = 0.0  # wall time in steps run by this call
     comm_seconds: float = 0.0  # of which inside collectives (exposed communication)
+    hidden_seconds: float = 0.0  # collectives in flight while computing (with overlap)
+    predictions: int = 0  # characters predicted per global batch (tokens per step)
     bytes_sent: int = 0  # by this rank, in steps run by this call
     memory: dict[str, int] = field(default_factory=dict)
     sample: str | None = None  # generated text, on rank 0
@@ -106,7 +162,8 @@ def run_meta(config: TrainConfig, model: Model, data: CharData) -> dict[str, Any
     """What a checkpoint must agree on to continue this run exactly (strategy and world size
     may differ)."""
     return {"model": model.config.as_dict(), "dtype": config.dtype, "seed": config.seed,
-            "batch_size": config.batch_size, "lr": config.learning_rate, "momentum": config.momentum,
+            "batch_size": config.examples, "lr": config.learning_rate, "lr_schedule": list(config.lr_schedule),
+            "momentum": config.momentum,
             "data": data.fingerprint}
 
 
@@ -162,17 +219,20 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
         config.check()
         shape = config.model_config(1)
         data = CharData(text, shape.context)
-        data.check_batch_size(config.batch_size)
+        data.check_batch_size(config.examples)
         array_module(config.device)
     except TrainingError as error:
         problem = error
     agree(comm, problem)
     strategy = build(config, comm, data)
     model = strategy.model
-    log(f"{config.strategy} on {comm.size} rank{'s' * (comm.size > 1)}: {model.param_count:,} parameters "
-        f"({', '.join(layer.name for layer in model.layers)}), {len(data.vocab)} characters in the "
-        f"vocabulary, {len(data.tokens):,} in the text; global batch {config.batch_size} "
-        f"(~{config.batch_size / comm.size:.0f} per rank), {config.dtype} on {config.device}")
+    examples = config.examples
+    per_example = model.config.predictions_per_example
+    log(f"{config.model} trained with {config.strategy} on {comm.size} rank{'s' * (comm.size > 1)}: "
+        f"{model.param_count:,} parameters ({', '.join(layer.name for layer in model.layers)}), "
+        f"{len(data.vocab)} characters in the vocabulary, {len(data.tokens):,} in the text; global batch "
+        f"{examples} x {per_example} = {examples * per_example} tokens (~{examples / comm.size:.1f} examples "
+        f"per rank), {config.dtype} on {config.device}")
     meta = run_meta(config, model, data)
     start, losses = 0, []
     if config.resume:
@@ -180,24 +240,30 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
         if start >= config.steps:  # every rank read the same manifest: every rank stops here
             raise TrainingError(f"the checkpoint is at step {start}: --steps {config.steps} leaves nothing to run "
                                 f"(ask for more than {start} steps to continue training)")
-    result = TrainResult(config, strategy, data, losses, start)
+    predictions = examples * per_example
+    result = TrainResult(config, strategy, data, losses, start, predictions=predictions)
     xp = strategy.xp
     strategy.memory.reset_peak()
     for step in range(start, config.steps):
-        inputs, targets = data.batch(step, config.batch_size, config.seed, comm.rank, comm.size, xp)
-        sent, comm_before, began = comm.traffic.bytes_sent, strategy.comm_seconds, time.perf_counter()
-        loss = strategy.step(inputs, targets, config.batch_size)
+        inputs, targets = data.batch(step, examples, config.seed, comm.rank, comm.size, xp,
+                                     every_position=per_example > 1)
+        sent, began = comm.traffic.bytes_sent, time.perf_counter()
+        waited, hidden = strategy.comm_seconds, strategy.hidden_seconds
+        loss = strategy.step(inputs, targets, predictions, config.schedule(step))
         seconds = time.perf_counter() - began
+        waited, hidden = strategy.comm_seconds - waited, strategy.hidden_seconds - hidden
         result.step_seconds += seconds
-        result.comm_seconds += strategy.comm_seconds - comm_before
+        result.comm_seconds += waited
+        result.hidden_seconds += hidden
         result.bytes_sent += comm.traffic.bytes_sent - sent
         losses.append(loss)
         if not numpy.isfinite(loss):  # the same loss on every rank, so every rank stops here
             raise TrainingError(f"loss became {loss} at step {step + 1}: lower --lr")
         if config.log_every and ((step + 1) % config.log_every == 0 or step + 1 == config.steps):
             sent_mb = (comm.traffic.bytes_sent - sent) / 1e6
-            log(f"step {step + 1:>5}/{config.steps}  loss {loss:.4f}  "
-                f"{config.batch_size / seconds:>9,.0f} tokens/s  {sent_mb:.3f} MB sent/rank")
+            log(f"step {step + 1:>5}/{config.steps}  loss {loss:.4f}  {predictions / seconds:>8,.0f} tokens/s  "
+                f"step {seconds * 1e3:6.1f} ms = compute {(seconds - waited) * 1e3:6.1f} + comm waited "
+                f"{waited * 1e3:5.1f} (hidden {hidden * 1e3:5.1f})  {sent_mb:.3f} MB sent/rank")
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             log(f"checkpoint {checkpoint.save(config.checkpoint_dir, step + 1, strategy, meta, losses, config.keep)}")
     result.memory = strategy.memory.snapshot()

@@ -28,7 +28,7 @@ class Zero1(Strategy):
         shards = Shards.of(self.groups.ranges, self.comm.rank, self.comm.size)
         self._sharded_segments(shards, self.full, self.grads, params_flat=True, grads_flat=True)
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         (mine,) = self.segments
         self._launch("reduce_scatter", self.grads, out=mine.grad)  # into this rank's part, in place
         self._drain()

@@ -49,7 +49,7 @@ class Zero2(Strategy):
             full = self._filling.pop(g)  # ours is the last reference: freed once reduced
             self._launch("reduce_scatter", full, out=self.segments[g].grad, keep=full)
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         self._drain()
         self._apply_optimizer(batch_size)
         self._gather_full_params(self.groups)

@@ -55,7 +55,7 @@ class Zero3(Zero2):
     def _in_flight(self) -> list[Any]:
         return super()._in_flight() + list(self._prefetched.values())
 
-    def finish(self, batch_size: int) -> None:
+    def finish(self, batch_size: float) -> None:
         self._drain()
         self._apply_optimizer(batch_size)
         self._asked = 0
