@@ -152,8 +152,11 @@ def allreduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, ou
     return target.result()
 
 
-def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
-    rows = split_bounds(x.shape[0], ring.size)
+def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any,
+                   counts: list[int] | None = None) -> Steps:
+    """`counts`: every rank's rows of the result (checked to add up to x's rows); None splits
+    x as numpy.array_split does."""
+    rows = split_bounds(x.shape[0], ring.size) if counts is None else bounds_from_counts(counts)
     r = ring.rank
     shape = (rows[r + 1] - rows[r], *x.shape[1:])
     check_out("reduce_scatter", out, shape, x.dtype, backend)

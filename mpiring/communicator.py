@@ -349,8 +349,11 @@ class Communicator:
         backend = backend_for(x)
         x = check_array("reduce_scatter", "x", x, backend, split=True)
         op = check_op("reduce_scatter", op, x.dtype)
+        counts = check_counts("reduce_scatter", counts, self.size)
+        if counts is not None and sum(counts) != x.shape[0]:
+            raise ArgumentError("reduce_scatter", "counts", f"add up to {sum(counts)} rows but x has {x.shape[0]}")
         call = self._call("reduce_scatter", algorithm, timeout, x, op)
-        body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out)
+        body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out, counts=counts)
         return Built(call, backend, body, _plannable(backend, x))
 
     def _barrier(self, x, out, op, root, counts, algorithm, timeout) -> Built:
@@ -404,10 +407,15 @@ class Communicator:
         x = x if root == self.rank else None  # ignored off the root: kept out of the plan's key
         return self._blocking("scatter", x, out, None, root, _key(counts), algorithm, timeout)
 
-    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                       timeout: float | None = None) -> Any:
-        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
-        return self._blocking("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> Any:
+        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks.
+
+        The parts are cut as numpy.array_split does, or with `counts=` (every rank's rows, the
+        same list on every rank, adding up to x's rows) rank r gets counts[r] rows, as in MPI's
+        Reduce_scatter with recvcounts.
+        """
+        return self._blocking("reduce_scatter", x, out, op, None, _key(counts), algorithm, timeout)
 
     def barrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> None:
         """Return only once every rank has entered the barrier."""
@@ -445,10 +453,10 @@ class Communicator:
         """Nonblocking `scatter`."""
         return self._start("scatter", x, out, None, root, counts, algorithm, timeout)
 
-    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                        timeout: float | None = None) -> CollectiveRequest:
+    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                        algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce_scatter`."""
-        return self._start("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+        return self._start("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
 
     def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `barrier`: wait() returns once every rank has entered."""
@@ -487,10 +495,10 @@ class Communicator:
         """Persistent `scatter`."""
         return self._persistent("scatter", x, out, None, root, counts, algorithm, timeout)
 
-    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                            timeout: float | None = None) -> PersistentRequest:
+    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                            algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
         """Persistent `reduce_scatter`."""
-        return self._persistent("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+        return self._persistent("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
 
     def barrier_init(self, *, algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
         """Persistent `barrier`."""

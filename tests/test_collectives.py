@@ -8,10 +8,12 @@ import pytest
 from mpi4py import MPI
 from oracles import (
     DTYPES,
+    NATIVE_OPS,
     OPS,
     all_inputs,
     assert_same,
     native_reduction,
+    native_supported,
     numpy_reduce,
     op_valid,
     rank_input,
@@ -83,6 +85,30 @@ def test_reduce_scatter(comm, case, algorithm):
         native = native_reduction("reduce_scatter", inputs[RANK], op)
         if native is not None:
             assert_same(got, native, f"reduce_scatter {op} {dtype} rows {rows} vs MPI")
+
+
+@pytest.mark.parametrize("case", OP_CASES[::3], ids=_case_id)
+@algorithms('reduce_scatter')
+def test_reduce_scatter_counts(comm, case, algorithm):
+    """counts= (MPI's recvcounts): uneven parts, some empty, all rows on one rank, large parts."""
+    dtype, op = case
+    layouts = [[(3 * k + 1) % 4 for k in range(N)], [0] * (N - 1) + [5], [BIG // N + k for k in range(N)]]
+    for seed, counts in enumerate(layouts):
+        inputs = all_inputs(seed, N, (sum(counts), 2), dtype, op)
+        got = comm.reduce_scatter(inputs[RANK], op=op, counts=counts, algorithm=algorithm)
+        lo = sum(counts[:RANK])
+        want = numpy_reduce(op, inputs)[lo : lo + counts[RANK]]
+        assert_same(got, want, f"reduce_scatter counts={counts} {op} {dtype}")
+        if native_supported(dtype, op):
+            native = np.empty((counts[RANK], 2), dtype)
+            WORLD.Reduce_scatter(inputs[RANK], native, [2 * c for c in counts], NATIVE_OPS[op])
+            if op == "avg":
+                native = np.true_divide(native, N).astype(dtype)
+            assert_same(got, native, f"reduce_scatter counts={counts} {op} {dtype} vs MPI")
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.reduce_scatter(np.ones((N + 1, 2)), counts=[1] * N)  # every rank raises before any message moves
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.reduce_scatter(np.ones((N, 2)), counts=[1] * (N + 1))
 
 
 def _rows_of(rank: int, seed: int) -> int:

@@ -132,7 +132,7 @@ def test_the_catalogue_is_what_every_table_and_the_api_follow():
         for method in (name, f"i{name}", f"{name}_init"):
             parameters = inspect.signature(getattr(mpiring.Communicator, method)).parameters
             assert ("op" in parameters, "root" in parameters) == (entry.reduces, entry.rooted), method
-            assert ("counts" in parameters) == (entry.joins_rows or name == "scatter"), method
+            assert ("counts" in parameters) == (entry.joins_rows or name in ("scatter", "reduce_scatter")), method
 
 
 def test_every_environment_variable_is_read_by_one_module_with_one_rule(monkeypatch):
