@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency, environment
 from mpiring.backend import NUMPY, backend_for
+from mpiring.buffer_api import BufferAPI
 from mpiring.engine.executor import PersistentRequest, run_plan
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.errors import ArgumentError, CommunicationError, CommunicatorBrokenError, CommunicatorFreedError
@@ -53,7 +54,7 @@ _NDARRAY = numpy.ndarray
 DEFAULT_TIMEOUT = 600.0
 
 
-class Communicator:
+class Communicator(BufferAPI):
     """Ring collectives over an mpi4py intracommunicator (COMM_WORLD by default).
 
     Creating one is collective: every rank of `comm` must do it. mpiring's messages travel on
