@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from mpiring.bench.options import UsageError
 from mpiring.engine.partition import split_bounds
-from mpiring.ops import AVG, MAX, MIN, PROD, SUM
+from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM
 
 # One ceiling step: elements sent to the right neighbour, elements received from the left one.
 CeilingStep = tuple[int | None, int | None]
@@ -53,9 +53,11 @@ BROADCAST_SEGMENT_BYTES = 512 * 1024
 
 # mpi4py's native reductions. mpiring's avg is a sum divided by n afterwards, so the native side
 # runs a sum and the check divides (the division is not timed).
-NATIVE_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MIN: MPI.MIN, MAX: MPI.MAX, AVG: MPI.SUM}
+NATIVE_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MIN: MPI.MIN, MAX: MPI.MAX, AVG: MPI.SUM, BAND: MPI.BAND,
+              BOR: MPI.BOR, BXOR: MPI.BXOR, LAND: MPI.LAND, LOR: MPI.LOR, LXOR: MPI.LXOR}
 # NumPy reduces bools as logical or / and, but MPI allows only logical ops on C_BOOL.
-NATIVE_BOOL_OPS = {SUM: MPI.LOR, PROD: MPI.LAND, MIN: MPI.LAND, MAX: MPI.LOR}
+NATIVE_BOOL_OPS = {SUM: MPI.LOR, PROD: MPI.LAND, MIN: MPI.LAND, MAX: MPI.LOR, BAND: MPI.LAND, BOR: MPI.LOR,
+                   BXOR: MPI.LXOR, LAND: MPI.LAND, LOR: MPI.LOR, LXOR: MPI.LXOR}
 
 
 @dataclass(frozen=True)
