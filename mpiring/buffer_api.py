@@ -38,6 +38,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from mpiring.backend import SUPPORTED_DTYPES, backend_for
+from mpiring.engine.partition import split_bounds
 from mpiring.errors import ArgumentError, ArgumentTypeError
 
 # mpi4py's predefined ops and the lowercase op each one runs as
@@ -74,17 +75,18 @@ def _datatype_dtype(collective: str, argument: str, datatype: Any) -> numpy.dtyp
             raise ArgumentTypeError(collective, argument, f"unknown typecode {datatype!r} ({error})") from None
     if not isinstance(datatype, MPI.Datatype):
         raise ArgumentTypeError(collective, argument, f"expected an MPI.Datatype, got {datatype!r}")
-    name = datatype.Get_name() or "a derived datatype"
-    if datatype == MPI.DATATYPE_NULL or datatype.combiner != MPI.COMBINER_NAMED:
-        raise ArgumentTypeError(collective, argument, f"{name} is not supported (derived datatypes are not: "
-                                "describe the data with a predefined datatype and counts)")
+    # A derived datatype is accepted only where it is one predefined element (a Dup of one, as
+    # mpi4py.util.dtlib makes): anything else maps to a structured or subarray dtype, refused below.
+    name = datatype.Get_name() or ("a derived datatype" if datatype.combiner != MPI.COMBINER_NAMED else "")
     try:
         dtype = dtlib.to_numpy_dtype(datatype)
-    except (TypeError, ValueError) as error:
-        raise ArgumentTypeError(collective, argument, f"{name} has no NumPy dtype ({error})") from None
+    except (TypeError, ValueError, KeyError) as error:
+        raise ArgumentTypeError(collective, argument, f"{name or datatype!r} is not supported (it has no "
+                                f"NumPy dtype: {error})") from None
     if dtype not in SUPPORTED_DTYPES:
-        raise ArgumentTypeError(collective, argument, f"{name} ({dtype}) is not supported; mpiring reduces "
-                                "and moves bool, (unsigned) integers, float16/32/64 and complex64/128")
+        kind = "derived datatypes are not" if datatype.combiner != MPI.COMBINER_NAMED else f"its dtype {dtype} is not"
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported ({kind}; mpiring takes one "
+                                "predefined element type: bool, (unsigned) integers, float16/32/64, complex64/128)")
     return dtype
 
 
@@ -121,43 +123,49 @@ def _count(collective: str, argument: str, value: Any) -> int:
     return int(value)
 
 
-def _unpack(collective: str, argument: str, spec: Any) -> tuple[Any, Any, Any, Any]:
-    """(buffer, counts, displs, datatype) from any of mpi4py's spec forms (missing parts None)."""
+def _unpack(collective: str, argument: str, spec: Any, vector: bool) -> tuple[Any, Any, Any, Any]:
+    """(buffer, count(s), displacement(s), datatype) from any of mpi4py's spec forms, missing
+    parts None: buf; [buf, datatype]; [buf, count]; [buf, (count, displ)]; [buf, count, datatype];
+    [buf, (count, displ), datatype]; [buf, count, displ, datatype]. A plain spec also takes the
+    pair as a list; a v-variant's only as a tuple (a list there is the counts)."""
     if not isinstance(spec, (list, tuple)):
         return spec, None, None, None
-    parts = list(spec)
-    datatype = None
-    if len(parts) > 1 and isinstance(parts[-1], (MPI.Datatype, str)):
-        datatype = parts.pop()
-    if len(parts) == 1:
-        return parts[0], None, None, datatype
-    if len(parts) == 2:
-        counts = parts[1]
-        if isinstance(counts, tuple) and len(counts) == 2:  # (count, displ) or (counts, displs)
-            return parts[0], counts[0], counts[1], datatype
-        return parts[0], counts, None, datatype
-    if len(parts) == 3:
-        return parts[0], parts[1], parts[2], datatype
-    raise ArgumentError(collective, argument, f"expected [buffer, (count, displ), datatype] or a shorter form, "
-                        f"got a list of {len(spec)}")
+    if not 2 <= len(spec) <= 4:
+        raise ArgumentError(collective, argument, f"expected a buffer or a list of 2 to 4 items, got {len(spec)}")
+    if len(spec) == 4:
+        return tuple(spec)
+    buf, counts, datatype = spec[0], spec[1], spec[2] if len(spec) == 3 else None
+    if len(spec) == 2 and isinstance(counts, (MPI.Datatype, str)):
+        return buf, None, None, counts
+    pair = isinstance(counts, tuple) or (not vector and isinstance(counts, list))
+    if pair:
+        if len(counts) != 2:
+            raise ArgumentError(collective, argument, f"expected a pair (count, displacement), got {counts!r}")
+        return buf, counts[0], counts[1], datatype
+    return buf, counts, None, datatype
 
 
 def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
-    """The elements a plain spec names: a view of the caller's memory. With blocks > 1 (the
-    receive buffer of Gather, Allgather, the send buffer of Scatter) the count must split into
-    that many equal blocks."""
-    buf, count, displ, datatype = _unpack(collective, argument, spec)
+    """The elements a plain spec names: a view of the caller's memory.
+
+    With blocks > 1 (the receive buffer of Gather and Allgather, the send buffer of Scatter and
+    Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
+    block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
+    """
+    buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
     items = _items(collective, argument, buf, datatype)
     displ = 0 if displ is None else _count(collective, argument, displ)
-    count = items.size - displ if count is None else _count(collective, argument, count)
+    if count is None:
+        count, rest = divmod(items.size - displ, blocks)
+        if rest:
+            raise ArgumentError(collective, argument, f"{items.size - displ} elements do not split into {blocks} "
+                                "equal blocks (one per rank)")
+    count = _count(collective, argument, count) * blocks
     if displ + count > items.size:
         raise ArgumentError(collective, argument, f"count {count} from displacement {displ} runs past the "
                             f"buffer's {items.size} elements")
-    if count % blocks:
-        raise ArgumentError(collective, argument, f"{count} elements do not split into {blocks} equal blocks "
-                            "(one per rank)")
     return items[displ : displ + count]
 
 
@@ -196,21 +204,24 @@ def _starts(counts: Sequence[int]) -> list[int]:
 
 
 def vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
-    """A v-variant spec: counts (a sequence, or one count for every rank; default: the buffer in
-    `size` equal blocks) and displacements (default: the blocks packed in rank order)."""
-    buf, counts, displs, datatype = _unpack(collective, argument, spec)
+    """A v-variant spec: counts (a sequence, or one count for every rank; default: the buffer
+    split as numpy.array_split does) and displacements (a sequence, or a stride; default: the
+    blocks packed in rank order)."""
+    buf, counts, displs, datatype = _unpack(collective, argument, spec, vector=True)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
     items = _items(collective, argument, buf, datatype)
-    if counts is None:
-        if items.size % size:
-            raise ArgumentError(collective, argument, f"without counts the buffer's {items.size} elements must "
-                                f"split into {size} equal blocks")
-        counts = items.size // size
-    if isinstance(counts, numbers.Integral):
+    if counts is None:  # as mpi4py: the buffer split as numpy.array_split does
+        counts = numpy.diff(split_bounds(items.size, size)).tolist()
+    elif isinstance(counts, numbers.Integral):
         counts = [counts] * size
     counts = _sequence(collective, argument, counts, size)
-    displs = _starts(counts) if displs is None else _sequence(collective, argument, displs, size)
+    if displs is None:  # the blocks packed in rank order
+        displs = _starts(counts)
+    elif isinstance(displs, numbers.Integral):  # a stride
+        displs = [_count(collective, argument, displs) * k for k in range(size)]
+    else:
+        displs = _sequence(collective, argument, displs, size)
     for k in range(size):
         if displs[k] + counts[k] > items.size:
             raise ArgumentError(collective, argument, f"block {k} (count {counts[k]} at displacement {displs[k]}) "
@@ -235,9 +246,14 @@ def _check_info(collective: str, info: Any) -> None:
         raise ArgumentTypeError(collective, "info", f"must be an MPI.Info, got {info!r}")
 
 
-def _same_count(collective: str, argument: str, items: Any, expected: int) -> Any:
+def _matching(collective: str, argument: str, items: Any, expected: int, dtype: Any) -> Any:
+    """`items` (a send buffer, or the receive buffer in place) checked against what the other
+    buffer of the call needs: `expected` elements of `dtype`."""
+    if items.dtype != dtype:
+        raise ArgumentTypeError(collective, argument, f"has datatype {items.dtype} but the other buffer {dtype} "
+                                "(MPI needs them to match)")
     if items.size != expected:
-        raise ArgumentError(collective, argument, f"has {items.size} elements but the receive buffer takes "
+        raise ArgumentError(collective, argument, f"has {items.size} elements but the other buffer takes "
                             f"{expected} (MPI needs the counts to match)")
     return items
 
@@ -359,8 +375,8 @@ class BufferAPI:
         name = op_name("Reduce", op)
         if self.rank == root:
             out = simple("Reduce", "recvbuf", recvbuf)
-            x = out if _is_in_place(sendbuf) else _same_count("Reduce", "sendbuf", simple("Reduce", "sendbuf",
-                                                                                          sendbuf), out.size)
+            x = out if _is_in_place(sendbuf) else _matching("Reduce", "sendbuf", simple("Reduce", "sendbuf", sendbuf),
+                                                            out.size, out.dtype)
         else:  # the receive buffer is ignored off the root
             x, out = self._send_only("Reduce", sendbuf), None
         return _Prepared("reduce", (x, name, root), {"out": out})
@@ -368,8 +384,8 @@ class BufferAPI:
     def _parse_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Prepared:
         name = op_name("Allreduce", op)
         out = simple("Allreduce", "recvbuf", recvbuf)
-        x = out if _is_in_place(sendbuf) else _same_count("Allreduce", "sendbuf",
-                                                          simple("Allreduce", "sendbuf", sendbuf), out.size)
+        x = out if _is_in_place(sendbuf) else _matching("Allreduce", "sendbuf",
+                                                        simple("Allreduce", "sendbuf", sendbuf), out.size, out.dtype)
         return _Prepared("allreduce", (x, name), {"out": out})
 
     def _parse_gather(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
@@ -377,8 +393,8 @@ class BufferAPI:
         if r == root:
             out = simple("Gather", "recvbuf", recvbuf, blocks=p)
             n = out.size // p
-            x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _same_count(
-                "Gather", "sendbuf", simple("Gather", "sendbuf", sendbuf), n)
+            x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _matching(
+                "Gather", "sendbuf", simple("Gather", "sendbuf", sendbuf), n, out.dtype)
         else:
             x, out = self._send_only("Gather", sendbuf), None
         return _Prepared("gather", (x, root), {"out": out, "counts": [x.size] * p})
@@ -387,23 +403,23 @@ class BufferAPI:
         p, r = self.size, self.rank
         out = simple("Allgather", "recvbuf", recvbuf, blocks=p)
         n = out.size // p
-        x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _same_count(
-            "Allgather", "sendbuf", simple("Allgather", "sendbuf", sendbuf), n)
+        x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _matching(
+            "Allgather", "sendbuf", simple("Allgather", "sendbuf", sendbuf), n, out.dtype)
         return _Prepared("allgather", (x,), {"out": out, "counts": [n] * p})
 
     def _parse_gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
             return _Prepared("gather", (self._send_only("Gatherv", sendbuf), root), {})
         v = vector("Gatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(root) if _is_in_place(sendbuf) else _same_count(
-            "Gatherv", "sendbuf", simple("Gatherv", "sendbuf", sendbuf), v.counts[root])
+        x = v.block(root) if _is_in_place(sendbuf) else _matching(
+            "Gatherv", "sendbuf", simple("Gatherv", "sendbuf", sendbuf), v.counts[root], v.items.dtype)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("gather", (x, root), {"out": out}, finish)
 
     def _parse_allgatherv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         v = vector("Allgatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(self.rank) if _is_in_place(sendbuf) else _same_count(
-            "Allgatherv", "sendbuf", simple("Allgatherv", "sendbuf", sendbuf), v.counts[self.rank])
+        x = v.block(self.rank) if _is_in_place(sendbuf) else _matching(
+            "Allgatherv", "sendbuf", simple("Allgatherv", "sendbuf", sendbuf), v.counts[self.rank], v.items.dtype)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("allgather", (x,), {"out": out, "counts": v.counts}, finish)
 
@@ -412,8 +428,8 @@ class BufferAPI:
         if r == root:
             x = simple("Scatter", "sendbuf", sendbuf, blocks=p)
             n = x.size // p
-            out = x[r * n : (r + 1) * n] if _is_in_place(recvbuf) else _same_count(
-                "Scatter", "recvbuf", simple("Scatter", "recvbuf", recvbuf), n)
+            out = x[r * n : (r + 1) * n] if _is_in_place(recvbuf) else _matching(
+                "Scatter", "recvbuf", simple("Scatter", "recvbuf", recvbuf), n, x.dtype)
         else:  # the send buffer is ignored off the root
             x, out = None, self._receive_only("Scatter", recvbuf)
         return _Prepared("scatter", (x, root), {"out": out, "counts": [out.size] * p})
@@ -431,8 +447,8 @@ class BufferAPI:
                 x = numpy.empty(sum(v.counts), v.items.dtype)
                 before = partial(v.gather_into, x)
                 before()
-            out = v.block(root) if _is_in_place(recvbuf) else _same_count(
-                "Scatterv", "recvbuf", simple("Scatterv", "recvbuf", recvbuf), v.counts[root])
+            out = v.block(root) if _is_in_place(recvbuf) else _matching(
+                "Scatterv", "recvbuf", simple("Scatterv", "recvbuf", recvbuf), v.counts[root], v.items.dtype)
         else:
             out = self._receive_only("Scatterv", recvbuf)
         self.broadcast(counts, root, out=counts)
@@ -451,8 +467,8 @@ class BufferAPI:
         else:
             out = simple("Reduce_scatter_block", "recvbuf", recvbuf)
             n = out.size
-            x = _same_count("Reduce_scatter_block", "sendbuf", simple("Reduce_scatter_block", "sendbuf", sendbuf),
-                            n * p)
+            x = _matching("Reduce_scatter_block", "sendbuf",
+                          simple("Reduce_scatter_block", "sendbuf", sendbuf, blocks=p), n * p, out.dtype)
         return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": [n] * p})
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
@@ -469,11 +485,11 @@ class BufferAPI:
         else:
             counts = self.allgather(numpy.array([whole.size], numpy.int64), counts=[1] * p).tolist()
         if in_place:  # the receive buffer holds the whole input; the result lands at its start
-            x = _same_count("Reduce_scatter", "recvbuf", whole, sum(counts))
+            x = _matching("Reduce_scatter", "recvbuf", whole, sum(counts), whole.dtype)
             out = whole[: counts[r]]
         else:
-            out = _same_count("Reduce_scatter", "recvbuf", whole, counts[r])
-            x = _same_count("Reduce_scatter", "sendbuf", x, sum(counts))
+            out = _matching("Reduce_scatter", "recvbuf", whole, counts[r], whole.dtype)
+            x = _matching("Reduce_scatter", "sendbuf", x, sum(counts), whole.dtype)
         return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": counts})
 
     @staticmethod
