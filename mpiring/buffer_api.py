@@ -37,7 +37,7 @@ import numpy
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from mpiring.backend import SUPPORTED_DTYPES, backend_for
+from mpiring.backend import NUMPY, SUPPORTED_DTYPES, backend_for
 from mpiring.engine.partition import split_bounds
 from mpiring.errors import ArgumentError, ArgumentTypeError
 
@@ -94,8 +94,10 @@ def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
     """The buffer's memory as a flat array of the datatype's elements (a view, never a copy)."""
     if isinstance(buf, (MPI.Datatype, list, tuple)):
         raise ArgumentTypeError(collective, argument, f"expected a buffer first in the spec, got {type(buf).__name__}")
-    backend = backend_for(buf)
-    if not backend.is_array(buf):
+    if backend_for(buf) is not NUMPY:
+        raise ArgumentTypeError(collective, argument, "device arrays are not supported by the uppercase API: "
+                                "use the lowercase collectives (comm.allreduce(x, out=y), ...)")
+    if not isinstance(buf, numpy.ndarray):
         try:
             buf = numpy.asarray(memoryview(buf))
         except TypeError:
