@@ -8,11 +8,13 @@ The fingerprint of a call (one fixed-size record per rank):
     seq          every collective                               calls made on this communicator
     collective   every collective                               "allreduce", ...
     algorithm    every collective                               as asked for ("auto", "ring", ...)
-    op           reduce, allreduce, reduce_scatter              "sum", ...
+    op           reduce, allreduce, reduce_scatter, scan,       "sum", ...
+                 exscan
     root         broadcast, reduce, gather, scatter             the root rank
     dtype        all but barrier and scatter                    numpy's dtype.str ("<f8")
-    shape        broadcast, reduce, allreduce, reduce_scatter   the whole shape
-    row shape    gather, allgather                              shape[1:] (row counts may differ)
+    shape        broadcast, reduce, allreduce, reduce_scatter,  the whole shape
+                 alltoall, scan, exscan
+    row shape    gather, allgather, alltoallv                   shape[1:] (row counts may differ)
 
 scatter's non-root ranks know neither the dtype nor the shape (only the root holds the data),
 so scatter compares only seq, collective, algorithm and root. When the collectives themselves

@@ -56,17 +56,17 @@ def check_root(collective: str, root: Any, size: int) -> int:
     return int(root)
 
 
-def check_counts(collective: str, counts: Any, size: int) -> list[int] | None:
-    """counts= as a list of `size` non-negative row counts (None stays None)."""
+def check_counts(collective: str, counts: Any, size: int, name: str = "counts") -> list[int] | None:
+    """counts= (or the argument `name`) as a list of `size` non-negative row counts (None stays None)."""
     if counts is None:
         return None
     try:
         values = list(counts)
     except TypeError:
-        raise ArgumentTypeError(collective, "counts", f"must be a sequence of row counts, got {counts!r}") from None
+        raise ArgumentTypeError(collective, name, f"must be a sequence of row counts, got {counts!r}") from None
     if len(values) != size or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0
                                       for n in values):
-        raise ArgumentError(collective, "counts", f"must give {size} non-negative integers (one per rank), "
+        raise ArgumentError(collective, name, f"must give {size} non-negative integers (one per rank), "
                             f"got {counts!r}")
     return [int(n) for n in values]
 
