@@ -10,10 +10,12 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import numpy
+
 from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
-from mpiring.backend import NUMPY, NumpyBackend
+from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, split_bounds
 from mpiring.errors import ArgumentError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps
@@ -65,7 +67,7 @@ class Output:
 
 
 def _signature(dtype: Any, trailing: tuple[int, ...]) -> int:
-    return zlib.crc32(f"{dtype.str}|{trailing}".encode())
+    return zlib.crc32(f"{dtype_token(dtype)}|{trailing}".encode())
 
 
 def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
@@ -152,7 +154,28 @@ def broadcast(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, 
     return target.result()
 
 
+def in_float32(collective: Any, ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any,
+               **arguments: Any) -> Steps:
+    """Run a reducing `collective` on bfloat16 `x` in float32 and round once per element.
+
+    A bfloat16 ring would round every partial sum to 8 bits of mantissa, p-1 times; here every
+    element is reduced in float32 (the partial results travel as float32, twice the bytes) and
+    rounded to bfloat16 once, at the end (round to nearest even, ml_dtypes' cast). The float32
+    results are the same bits on every rank (as for any float32 call), so the rounded ones are too.
+    """
+    wide = backend.empty(x.shape, numpy.float32)
+    backend.copy(wide, x)  # exact: every bfloat16 is a float32
+    result = yield from collective(ring, backend, call, wide, out=None, **arguments)
+    if result is None:  # a rank without a result (reduce off the root, exscan's rank 0)
+        return None
+    target = out if out is not None else backend.empty(result.shape, x.dtype)
+    backend.copy(target, result)
+    return target
+
+
 def reduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, root: int, out: Any) -> Steps:
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(reduce, ring, backend, call, x, out, op=op, root=root))
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True) if ring.rank == root else None
     flat_out = target.flat if target else None
     yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, backend.flat(x), flat_out, op)
@@ -160,6 +183,8 @@ def reduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, root:
 
 
 def allreduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(allreduce, ring, backend, call, x, out, op=op))
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
     yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, backend.flat(x), target.flat, op)
     return target.result()
@@ -294,6 +319,8 @@ def _exchange_counts(ring: Ring, call: Call, x: Any, out: Any, send_counts: list
 
 def scan(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any, exclusive: bool = False) -> Steps:
     """Rank r gets the reduction over ranks 0..r (`exclusive`: 0..r-1, and rank 0 None)."""
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(scan, ring, backend, call, x, out, op=op, exclusive=exclusive))
     empty = exclusive and ring.rank == 0  # takes part, but has no result
     # not in place: the algorithms write the result before they have read all of x
     target = None if empty else Output(backend, out, x.shape, x.dtype, source=x)
@@ -307,8 +334,8 @@ def barrier(ring: Ring, backend: NumpyBackend, call: Call) -> Steps:  # backend:
 
 
 def _encode_dtype(dtype: Any) -> int:
-    return int.from_bytes(dtype.str.encode().ljust(8, b"\0"), "little")
+    return int.from_bytes(dtype_token(dtype).encode().ljust(8, b"\0"), "little")
 
 
 def _decode_dtype(code: int, backend: NumpyBackend) -> Any:
-    return backend.xp.dtype(code.to_bytes(8, "little").rstrip(b"\0").decode())
+    return dtype_from_token(code.to_bytes(8, "little").rstrip(b"\0").decode(), backend.xp)

@@ -47,7 +47,7 @@ from typing import Any
 import numpy
 
 from mpiring import environment
-from mpiring.backend import NUMPY
+from mpiring.backend import NUMPY, dtype_token
 from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
 from mpiring.errors import ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
@@ -129,7 +129,7 @@ class Checker:
         ring, collective = self.ring, call.collective
         dtype, shape = "", None
         if x is not None and collective not in WITHOUT_DATA:
-            dtype, shape = x.dtype.str, tuple(x.shape[1:] if collective in JOINING else x.shape)
+            dtype, shape = dtype_token(x.dtype), tuple(x.shape[1:] if collective in JOINING else x.shape)
         self._rows[ring.rank] = _record(
             collective, call.algorithm, op if collective in REDUCING else None,
             root if collective in ROOTED else None, dtype, shape,

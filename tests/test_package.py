@@ -160,3 +160,19 @@ def test_every_environment_variable_is_read_by_one_module_with_one_rule(monkeypa
         environment.flag("MPIRING_DEBUG", "test")
     monkeypatch.setenv("MPIRING_TIMEOUT", "none")
     assert environment.seconds("MPIRING_TIMEOUT", "test") == float("inf")
+
+
+def test_bfloat16_is_refused_on_a_device_backend():
+    """CuPy has no bfloat16 arithmetic: a device array of it gets a clear error, not a wrong sum."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="pip install ml_dtypes (mpiring's bf16 extra)")
+    from mpiring.validation import check_array
+
+    class DeviceBackend:  # any backend but the host's; check_array only asks it for an array
+        name = "cupy"
+
+        def asarray(self, x):
+            return x
+
+    with pytest.raises(mpiring.ArgumentTypeError, match="host only"):
+        check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), DeviceBackend())
+    assert check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), NUMPY).dtype.name == "bfloat16"
