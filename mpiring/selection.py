@@ -18,8 +18,8 @@ from mpiring import environment
 AUTO = "auto"
 
 # collective -> [(largest message in bytes, algorithm)]; the first row whose bound holds wins.
-# The message size is per rank for the reductions and broadcast, the whole result for
-# gather, all-gather and scatter. None means "any size".
+# The message size is per rank for the reductions, scans, all-to-all and broadcast, the whole
+# result for gather, all-gather and scatter. None means "any size".
 SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "broadcast": [(4 << 20, "binomial"), (None, "ring")],
     "reduce": [(1 << 20, "binomial"), (None, "ring")],
@@ -30,6 +30,11 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "scatter": [(4 << 20, "binomial"), (None, "ring")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
+    # per rank's whole input; Bruck's lg p rounds each send about half of it
+    "alltoall": [(16 << 10, "bruck"), (None, "pairwise")],
+    "alltoallv": [(None, "pairwise")],
+    "scan": [(64 << 10, "recursive_doubling"), (None, "ring")],
+    "exscan": [(64 << 10, "recursive_doubling"), (None, "ring")],
 }
 
 _announced: set[tuple[str, str]] = set()
