@@ -22,6 +22,8 @@ ArgumentError before any message moves.
     Scatterv                        broadcast of the root's counts, then scatter with counts=
     Reduce_scatter_block            reduce_scatter with counts=
     Reduce_scatter                  reduce_scatter with counts= (all-gathered when not given)
+    Alltoall / Alltoallv            alltoall / alltoallv with recv_counts= (each rank knows its own)
+    Scan / Exscan                   scan / exscan
 """
 
 from __future__ import annotations
@@ -494,6 +496,37 @@ class BufferAPI:
             x = _matching("Reduce_scatter", "sendbuf", x, sum(counts), whole.dtype)
         return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": counts})
 
+    def _parse_alltoall(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
+        p = self.size
+        out = simple("Alltoall", "recvbuf", recvbuf, blocks=p)
+        x = out if _is_in_place(sendbuf) else _matching(
+            "Alltoall", "sendbuf", simple("Alltoall", "sendbuf", sendbuf, blocks=p), out.size, out.dtype)
+        return _Prepared("alltoall", (x,), {"out": out})
+
+    def _parse_alltoallv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
+        p = self.size
+        receive = vector("Alltoallv", "recvbuf", recvbuf, p)
+        send = receive if _is_in_place(sendbuf) else vector("Alltoallv", "sendbuf", sendbuf, p)
+        if send.items.dtype != receive.items.dtype:
+            raise ArgumentTypeError("Alltoallv", "sendbuf", f"has datatype {send.items.dtype} but the receive "
+                                    f"buffer {receive.items.dtype} (MPI needs them to match)")
+        x, before = send.packed, None
+        if x is None or send is receive:  # in place, the input is copied out before the result lands
+            x = numpy.empty(sum(send.counts), send.items.dtype)
+            before = partial(send.gather_into, x)
+            before()
+        out, finish = self._packed_target(receive, receive.items.dtype)
+        return _Prepared("alltoallv", (x, send.counts, receive.counts), {"out": out}, finish, before)
+
+    def _parse_scan(self, sendbuf: Any, recvbuf: Any, op: Any, collective: str) -> _Prepared:
+        """Scan and Exscan (whose rank 0 receives nothing: its receive buffer is left as it was)."""
+        upper = "Scan" if collective == "scan" else "Exscan"
+        name = op_name(upper, op)
+        out = simple(upper, "recvbuf", recvbuf)
+        x = out if _is_in_place(sendbuf) else _matching(upper, "sendbuf", simple(upper, "sendbuf", sendbuf),
+                                                        out.size, out.dtype)
+        return _Prepared(collective, (x, name), {"out": out})
+
     @staticmethod
     def _send_only(collective: str, sendbuf: Any) -> Any:
         if _is_in_place(sendbuf):
@@ -562,6 +595,22 @@ class BufferAPI:
         """Reduce, then recvcounts[k] elements of the result to rank k."""
         self._run(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op))
 
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block j of every rank's `sendbuf` to rank j, into block i of its `recvbuf` (from rank i)."""
+        self._run(self._parse_alltoall(sendbuf, recvbuf))
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Alltoall with counts and displacements on both sides."""
+        self._run(self._parse_alltoallv(sendbuf, recvbuf))
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+        """Rank r's `recvbuf` gets the reduction of ranks 0..r's `sendbuf`."""
+        self._run(self._parse_scan(sendbuf, recvbuf, op, "scan"))
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+        """Rank r's `recvbuf` gets the reduction of ranks 0..r-1's `sendbuf` (rank 0's is left alone)."""
+        self._run(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
+
     def Barrier(self) -> None:
         self.barrier()
 
@@ -601,6 +650,18 @@ class BufferAPI:
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM) -> Request:
         """Nonblocking Reduce_scatter (without recvcounts, after a blocking all-gather of them)."""
         return self._irun(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op))
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return self._irun(self._parse_alltoall(sendbuf, recvbuf))
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return self._irun(self._parse_alltoallv(sendbuf, recvbuf))
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        return self._irun(self._parse_scan(sendbuf, recvbuf, op, "scan"))
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        return self._irun(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
 
     def Ibarrier(self) -> Request:
         return Request(self.ibarrier(), None)
@@ -642,6 +703,18 @@ class BufferAPI:
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
                             info: Any = MPI.INFO_NULL) -> Request:
         return self._init(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op), info)
+
+    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        return self._init(self._parse_alltoall(sendbuf, recvbuf), info)
+
+    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        return self._init(self._parse_alltoallv(sendbuf, recvbuf), info)
+
+    def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
+        return self._init(self._parse_scan(sendbuf, recvbuf, op, "scan"), info)
+
+    def Exscan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
+        return self._init(self._parse_scan(sendbuf, recvbuf, op, "exscan"), info)
 
     def Barrier_init(self, info: Any = MPI.INFO_NULL) -> Request:
         _check_info("Barrier_init", info)
