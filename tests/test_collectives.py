@@ -10,10 +10,10 @@ from oracles import (
     BIT_DTYPES,
     BIT_OPS,
     DTYPES,
-    NATIVE_OPS,
     OPS,
     all_inputs,
     assert_same,
+    native_op,
     native_reduction,
     native_supported,
     numpy_reduce,
@@ -104,7 +104,7 @@ def test_reduce_scatter_counts(comm, case, algorithm):
         assert_same(got, want, f"reduce_scatter counts={counts} {op} {dtype}")
         if native_supported(dtype, op):
             native = np.empty((counts[RANK], 2), dtype)
-            WORLD.Reduce_scatter(inputs[RANK], native, [2 * c for c in counts], NATIVE_OPS[op])
+            WORLD.Reduce_scatter(inputs[RANK], native, [2 * c for c in counts], native_op(op, dtype))
             if op == "avg":
                 native = np.true_divide(native, N).astype(dtype)
             assert_same(got, native, f"reduce_scatter counts={counts} {op} {dtype} vs MPI")
