@@ -7,8 +7,9 @@ for the v-variants; MPI.IN_PLACE or None for an in-place send buffer), then runs
 communicator's lowercase collectives on views of the caller's memory, so the result lands in the
 caller's receive buffer. No native MPI collective runs here.
 
-Semantics are MPI's where the lowercase API differs: counts are exact (not numpy.array_split),
-a root-only buffer is ignored off the root, displacements are honoured. A spec every rank can
+Semantics are MPI's where the lowercase API differs: counts are the exact ones of the specs (a
+count in a spec holding one block per rank is per block, as MPI's recvcount), a root-only buffer
+is ignored off the root, displacements are honoured. A spec every rank can
 check alone (an unsupported datatype or op, a count that does not fit its buffer) raises
 ArgumentError before any message moves.
 
@@ -168,8 +169,8 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
                                 "equal blocks (one per rank)")
     count = _count(collective, argument, count) * blocks
     if displ + count > items.size:
-        raise ArgumentError(collective, argument, f"count {count} from displacement {displ} runs past the "
-                            f"buffer's {items.size} elements")
+        raise ArgumentError(collective, argument, f"{count} elements from displacement {displ} runs past the "
+                            f"buffer's {items.size}")
     return items[displ : displ + count]
 
 
