@@ -30,11 +30,14 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "scatter": [(4 << 20, "binomial"), (None, "ring")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
-    # per rank's whole input; Bruck's lg p rounds each send about half of it
-    "alltoall": [(16 << 10, "bruck"), (None, "pairwise")],
+    # the rank's whole input; Bruck's lg p rounds each send about half of it, and won only at
+    # 8 ranks below a few KiB (docs/algorithms.md)
+    "alltoall": [(2 << 10, "bruck"), (None, "pairwise")],
     "alltoallv": [(None, "pairwise")],
-    "scan": [(64 << 10, "recursive_doubling"), (None, "ring")],
-    "exscan": [(64 << 10, "recursive_doubling"), (None, "ring")],
+    # recursive doubling's lg p rounds for an isolated small call; in back-to-back calls the
+    # chain pipelines across calls and won at every size (docs/algorithms.md)
+    "scan": [(4 << 10, "recursive_doubling"), (None, "ring")],
+    "exscan": [(4 << 10, "recursive_doubling"), (None, "ring")],
 }
 
 _announced: set[tuple[str, str]] = set()
