@@ -26,13 +26,13 @@ from mpiring.errors import (  # noqa: E402
     MpiringError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
-from mpiring.ops import AVG, MAX, MIN, OPS, PROD, SUM  # noqa: E402
+from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM  # noqa: E402
 from mpiring.ring import Traffic  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AVG", "MAX", "MIN", "OPS", "PROD", "SUM",
+    "AVG", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN", "OPS", "PROD", "SUM",
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
     "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError",
     "MessageMismatchError", "MpiringError",

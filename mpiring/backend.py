@@ -17,7 +17,8 @@ from mpi4py import MPI
 
 from mpiring.ops import AVG, UFUNC_NAMES
 
-# The dtypes every collective accepts: bool, signed and unsigned ints, float16/32/64, complex64/128.
+# The dtypes every collective accepts: bool, signed and unsigned ints, float16/32/64, complex64/128;
+# also ml_dtypes' bfloat16 on the host (is_bfloat16; the optional extra `bf16` installs it).
 SUPPORTED_DTYPES = frozenset(
     numpy.dtype(name)
     for name in (
@@ -25,6 +26,30 @@ SUPPORTED_DTYPES = frozenset(
         "float16", "float32", "float64", "complex64", "complex128",
     )
 )
+
+
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """Whether `dtype` is ml_dtypes' bfloat16 (NumPy sees it as a 2-byte void kind 'V'); known by
+    its name, so mpiring never imports ml_dtypes itself: an array of it means it is loaded."""
+    return dtype.kind == "V" and dtype.itemsize == 2 and dtype.name == "bfloat16"
+
+
+def dtype_token(dtype: Any) -> str:
+    """A dtype as short exact text that numpy.dtype() turns back into it: dtype.str ("<f8"), or
+    "bfloat16" (whose dtype.str, "<V2", would come back as raw void)."""
+    return "bfloat16" if is_bfloat16(dtype) else dtype.str
+
+
+def dtype_from_token(token: str, xp: Any) -> Any:
+    """The inverse of dtype_token (bfloat16 needs ml_dtypes loaded: a rank that only receives it
+    loads it here)."""
+    if token == "bfloat16":
+        import ml_dtypes
+
+        return numpy.dtype(ml_dtypes.bfloat16)
+    return xp.dtype(token)
 
 
 class Backend(Protocol):

@@ -11,6 +11,10 @@ selection tables, the Communicator's methods; tests/test_package.py checks they 
     scatter                  yes                 no: only the root holds x
     reduce_scatter  yes                          yes
     barrier                                      no data
+    alltoall                                     yes
+    alltoallv                        yes         yes (row counts may differ; send_counts=)
+    scan            yes                          yes
+    exscan          yes                          yes
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Entry:
     rooted: bool = False  # takes root=
     joins_rows: bool = False  # joins the ranks' x along axis 0: only the row shape must agree
     has_data: bool = True  # every rank passes x (scatter: the root only; barrier: none)
+    send_counts: bool = False  # takes send_counts and recv_counts (the all-to-all-v form)
 
 
 CATALOGUE: dict[str, Entry] = {
@@ -38,6 +43,10 @@ CATALOGUE: dict[str, Entry] = {
         Entry("scatter", rooted=True, has_data=False),
         Entry("reduce_scatter", reduces=True),
         Entry("barrier", has_data=False),
+        Entry("alltoall"),
+        Entry("alltoallv", joins_rows=True, send_counts=True),
+        Entry("scan", reduces=True),
+        Entry("exscan", reduces=True),
     )
 }
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import numpy
+
 from mpiring import identity
 from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
-from mpiring.backend import NUMPY, NumpyBackend
+from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, split_bounds
 from mpiring.errors import ArgumentError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps
@@ -66,7 +68,7 @@ class Output:
 
 
 def _signature(dtype: Any, trailing: tuple[int, ...]) -> int:
-    return zlib.crc32(f"{dtype.str}|{trailing}".encode())
+    return zlib.crc32(f"{dtype_token(dtype)}|{trailing}".encode())
 
 
 def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
@@ -80,34 +82,47 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     every rank then holds the same table.
     """
     trailing = tuple(x.shape[1:])
-    out_state, own_problem = _NO_OUT, None
-    if out_rows_needed and out is not None:
-        own_problem = _out_problem_except_rows(out, trailing, x.dtype, backend)
-        out_state = _BAD_OUT if own_problem else out.shape[0]
+    out_state, own_problem = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
     p = ring.size
     table = NUMPY.empty(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
     # a few bytes per rank: the latency-optimal all-gather (ceil(lg p) steps)
     yield from allgather_bruck(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
-    collective = call.collective
-    rows, signatures, out_states = table[0::3], table[1::3], table[2::3]
-    differing = [k for k in range(p) if signatures[k] != signatures[0]]
+    rows = table[0::3]
+    total = int(rows.sum())
+    _check_agreement(ring, call.collective, x, table[1::3], table[2::3], [total] * p, own_problem)
+    return [int(n) for n in rows]
+
+
+def _out_state(out: Any, trailing: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> tuple[int, str | None]:
+    """What a rank tells the others of its out= in a layout exchange: its rows, _NO_OUT or _BAD_OUT
+    (with the problem, raised here and named on the other ranks)."""
+    if out is None:
+        return _NO_OUT, None
+    problem = _out_problem_except_rows(out, trailing, dtype, backend)
+    return (_BAD_OUT if problem else out.shape[0]), problem
+
+
+def _check_agreement(ring: Ring, collective: str, x: Any, signatures: Any, out_states: Any, totals: list[int],
+                     own_problem: str | None) -> None:
+    """After a layout exchange every rank holds the same table, so each raises the same error:
+    when some rank's dtype or row shape differs from rank 0's, or some rank's out= cannot take
+    its `totals[k]` rows."""
+    differing = [k for k in range(ring.size) if signatures[k] != signatures[0]]
     if differing:
         raise CollectiveMismatchError(
             collective,
             f"ranks {differing} passed arrays whose dtype or row shape differs from rank 0's "
-            f"(this rank {ring.rank}: {_describe(x.dtype, trailing)})",
+            f"(this rank {ring.rank}: {_describe(x.dtype, tuple(x.shape[1:]))})",
         )
-    total = int(rows.sum())
-    for k in range(p):
+    for k in range(ring.size):
         if out_states[k] == _BAD_OUT:
             problem = own_problem if k == ring.rank else f"rejected on rank {k} (see the error there)"
             raise ArgumentError(collective, "out", problem)
-        if out_states[k] >= 0 and out_states[k] != total:
+        if out_states[k] >= 0 and out_states[k] != totals[k]:
             raise ArgumentError(
-                collective, "out", f"has {out_states[k]} rows on rank {k}, expected {total} (all ranks' rows)"
+                collective, "out", f"has {out_states[k]} rows on rank {k}, expected {totals[k]} (all ranks' rows)"
             )
-    return [int(n) for n in rows]
 
 
 def _out_problem_except_rows(out: Any, trailing: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> str | None:
@@ -142,7 +157,28 @@ def broadcast(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, 
     return target.result()
 
 
+def in_float32(collective: Any, ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any,
+               **arguments: Any) -> Steps:
+    """Run a reducing `collective` on bfloat16 `x` in float32 and round once per element.
+
+    A bfloat16 ring would round every partial sum to 8 bits of mantissa, p-1 times; here every
+    element is reduced in float32 (the partial results travel as float32, twice the bytes) and
+    rounded to bfloat16 once, at the end (round to nearest even, ml_dtypes' cast). The float32
+    results are the same bits on every rank (as for any float32 call), so the rounded ones are too.
+    """
+    wide = backend.empty(x.shape, numpy.float32)
+    backend.copy(wide, x)  # exact: every bfloat16 is a float32
+    result = yield from collective(ring, backend, call, wide, out=None, **arguments)
+    if result is None:  # a rank without a result (reduce off the root, exscan's rank 0)
+        return None
+    target = out if out is not None else backend.empty(result.shape, x.dtype)
+    backend.copy(target, result)
+    return target
+
+
 def reduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, root: int, out: Any) -> Steps:
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(reduce, ring, backend, call, x, out, op=op, root=root))
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True) if ring.rank == root else None
     flat_out = target.flat if target else None
     yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, backend.flat(x), flat_out, op)
@@ -150,13 +186,18 @@ def reduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, root:
 
 
 def allreduce(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(allreduce, ring, backend, call, x, out, op=op))
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
     yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, backend.flat(x), target.flat, op)
     return target.result()
 
 
-def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any) -> Steps:
-    rows = split_bounds(x.shape[0], ring.size)
+def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any,
+                   counts: list[int] | None = None) -> Steps:
+    """`counts`: every rank's rows of the result (checked to add up to x's rows); None splits
+    x as numpy.array_split does."""
+    rows = split_bounds(x.shape[0], ring.size) if counts is None else bounds_from_counts(counts)
     r = ring.rank
     shape = (rows[r + 1] - rows[r], *x.shape[1:])
     check_out("reduce_scatter", out, shape, x.dtype, backend)
@@ -239,13 +280,68 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
     return tuple(int(n) for n in header[3 : 3 + ndim]), dtype
 
 
+def alltoall(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
+    """Block j of `x` (axis 0 cut in size equal parts) goes to rank j; block i of the result came
+    from rank i."""
+    target = Output(backend, out, x.shape, x.dtype, source=x)
+    block = x.size // ring.size
+    bounds = [k * block for k in range(ring.size + 1)]
+    algorithm = _algorithm(ring, call, x.nbytes)
+    yield from algorithm(ring, backend, call.tag, backend.flat(x), bounds, target.flat, bounds)
+    return target.result()
+
+
+def alltoallv(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, send_counts: list[int],
+              recv_counts: list[int] | None) -> Steps:
+    """send_counts[j] rows of `x`, in order, go to rank j; recv_counts[i] rows come from rank i
+    (exchanged first when None)."""
+    if recv_counts is None:
+        recv_counts = yield from _exchange_counts(ring, call, x, out, send_counts, backend)
+    row = _row_size(x.shape)
+    target = Output(backend, out, (sum(recv_counts), *x.shape[1:]), x.dtype, source=x)
+    send_bounds, recv_bounds = bounds_from_counts(send_counts, row), bounds_from_counts(recv_counts, row)
+    algorithm = _algorithm(ring, call, 0)  # the ranks' sizes differ; one algorithm serves every size
+    yield from algorithm(ring, backend, call.tag, backend.flat(x), send_bounds, target.flat, recv_bounds)
+    return target.result()
+
+
+def _exchange_counts(ring: Ring, call: Call, x: Any, out: Any, send_counts: list[int], backend: NumpyBackend) -> Steps:
+    """All-to-all-v's layout round: all-gather every rank's send counts (with its dtype and row
+    shape signature and the rows of its out=), so every rank knows the whole count matrix and
+    raises the same error where the ranks do not fit together. Returns this rank's receive counts."""
+    p, r = ring.size, ring.rank
+    trailing = tuple(x.shape[1:])
+    out_state, own_problem = _out_state(out, trailing, x.dtype, backend)
+    width = p + 2
+    table = NUMPY.empty(p * width, NUMPY.xp.int64)
+    table[r * width : (r + 1) * width] = (*send_counts, _signature(x.dtype, trailing), out_state)
+    # p + 2 words per rank: the latency-optimal all-gather
+    yield from allgather_bruck(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * width, width)))
+    matrix = table.reshape(p, width)
+    totals = [int(n) for n in matrix[:, :p].sum(axis=0)]  # rank k receives column k
+    _check_agreement(ring, call.collective, x, matrix[:, p], matrix[:, p + 1], totals, own_problem)
+    return [int(n) for n in matrix[:, r]]
+
+
+def scan(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: Any, exclusive: bool = False) -> Steps:
+    """Rank r gets the reduction over ranks 0..r (`exclusive`: 0..r-1, and rank 0 None)."""
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(scan, ring, backend, call, x, out, op=op, exclusive=exclusive))
+    empty = exclusive and ring.rank == 0  # takes part, but has no result
+    # not in place: the algorithms write the result before they have read all of x
+    target = None if empty else Output(backend, out, x.shape, x.dtype, source=x)
+    algorithm = _algorithm(ring, call, x.nbytes)
+    yield from algorithm(ring, backend, call.tag, backend.flat(x), None if empty else target.flat, op, exclusive)
+    return None if empty else target.result()
+
+
 def barrier(ring: Ring, backend: NumpyBackend, call: Call) -> Steps:  # backend: the same signature as the others
     yield from _algorithm(ring, call, 0)(ring, call.tag)
 
 
 def _encode_dtype(dtype: Any) -> int:
-    return int.from_bytes(dtype.str.encode().ljust(8, b"\0"), "little")
+    return int.from_bytes(dtype_token(dtype).encode().ljust(8, b"\0"), "little")
 
 
 def _decode_dtype(code: int, backend: NumpyBackend) -> Any:
-    return backend.xp.dtype(code.to_bytes(8, "little").rstrip(b"\0").decode())
+    return dtype_from_token(code.to_bytes(8, "little").rstrip(b"\0").decode(), backend.xp)

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
+from mpiring.buffer_api import BufferAPI
 from mpiring.engine.executor import PersistentRequest, run_plan
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.errors import (
@@ -62,7 +63,7 @@ _REFUSALS = (CommunicatorFreedError, CommunicatorBrokenError, ConcurrentUseError
 DEFAULT_TIMEOUT = 600.0
 
 
-class Communicator:
+class Communicator(BufferAPI):
     """Ring collectives over an mpi4py intracommunicator (COMM_WORLD by default).
 
     Creating one is collective: every rank of `comm` must do it. mpiring's messages travel on
@@ -365,13 +366,57 @@ class Communicator:
         backend = backend_for(x)
         x = check_array("reduce_scatter", "x", x, backend, split=True)
         op = check_op("reduce_scatter", op, x.dtype)
+        counts = check_counts("reduce_scatter", counts, self.size)
+        if counts is not None and sum(counts) != x.shape[0]:
+            raise ArgumentError("reduce_scatter", "counts", f"add up to {sum(counts)} rows but x has {x.shape[0]}")
         call = self._call("reduce_scatter", algorithm, timeout, x, op)
-        body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out)
+        body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out, counts=counts)
         return Built(call, backend, body, _plannable(backend, x))
 
     def _barrier(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         call = self._call("barrier", algorithm, timeout)
         return Built(call, NUMPY, partial(collectives.barrier, self._ring, call=call), True)
+
+    def _alltoall(self, x, out, op, root, counts, algorithm, timeout) -> Built:
+        backend = backend_for(x)
+        x = check_array("alltoall", "x", x, backend, split=True)
+        if x.shape[0] % self.size:
+            raise ArgumentError("alltoall", "x", f"has {x.shape[0]} rows, not a multiple of the {self.size} ranks "
+                                "(every rank gets an equal block; alltoallv takes uneven ones)")
+        out = check_out("alltoall", out, x.shape, x.dtype, backend)
+        call = self._call("alltoall", algorithm, timeout, x)
+        body = partial(collectives.alltoall, self._ring, call=call, x=x, out=out)
+        return Built(call, backend, body, _plannable(backend, x))
+
+    def _alltoallv(self, x, out, op, root, counts, algorithm, timeout) -> Built:
+        send_counts, recv_counts = counts  # as _counts_pair made them
+        backend = backend_for(x)
+        x = check_array("alltoallv", "x", x, backend, split=True)
+        send_counts = check_counts("alltoallv", send_counts, self.size, "send_counts")
+        if send_counts is None or sum(send_counts) != x.shape[0]:
+            have = "are missing" if send_counts is None else f"add up to {sum(send_counts)} rows"
+            raise ArgumentError("alltoallv", "send_counts", f"{have}, but x has {x.shape[0]}")
+        recv_counts = check_counts("alltoallv", recv_counts, self.size, "recv_counts")
+        if recv_counts is not None:  # else out= is checked in the count exchange, on every rank alike
+            out = check_out("alltoallv", out, (sum(recv_counts), *x.shape[1:]), x.dtype, backend)
+        call = self._call("alltoallv", algorithm, timeout, x)
+        body = partial(collectives.alltoallv, self._ring, call=call, x=x, out=out, send_counts=send_counts,
+                       recv_counts=recv_counts)
+        return Built(call, backend, body, recv_counts is not None and _plannable(backend, x), recv_counts is None)
+
+    def _scan(self, x, out, op, root, counts, algorithm, timeout, collective: str = "scan") -> Built:
+        backend = backend_for(x)
+        x = check_array(collective, "x", x, backend)
+        op = check_op(collective, op, x.dtype)
+        exclusive = collective == "exscan"
+        if not (exclusive and self.rank == 0):  # exscan's rank 0 has no result: its out= is ignored
+            out = check_out(collective, out, x.shape, x.dtype, backend)
+        call = self._call(collective, algorithm, timeout, x, op)
+        body = partial(collectives.scan, self._ring, call=call, x=x, op=op, out=out, exclusive=exclusive)
+        return Built(call, backend, body, _plannable(backend, x))
+
+    def _exscan(self, x, out, op, root, counts, algorithm, timeout) -> Built:
+        return self._scan(x, out, op, root, counts, algorithm, timeout, "exscan")
 
     # ---- blocking ----
 
@@ -420,14 +465,49 @@ class Communicator:
         x = x if root == self.rank else None  # ignored off the root: kept out of the plan's key
         return self._blocking("scatter", x, out, None, root, _key(counts), algorithm, timeout)
 
-    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                       timeout: float | None = None) -> Any:
-        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks."""
-        return self._blocking("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+    def reduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> Any:
+        """`x` is split along axis 0 into size parts; rank r gets part r reduced over all ranks.
+
+        The parts are cut as numpy.array_split does, or with `counts=` (every rank's rows, the
+        same list on every rank, adding up to x's rows) rank r gets counts[r] rows, as in MPI's
+        Reduce_scatter with recvcounts.
+        """
+        return self._blocking("reduce_scatter", x, out, op, None, _key(counts), algorithm, timeout)
 
     def barrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> None:
         """Return only once every rank has entered the barrier."""
         self._blocking("barrier", None, None, None, None, None, algorithm, timeout)
+
+    def alltoall(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+                 timeout: float | None = None) -> Any:
+        """`x` is cut along axis 0 into size equal blocks (its rows must be a multiple of size);
+        block j goes to rank j. Row block i of the result (x's shape and dtype) came from rank i."""
+        return self._blocking("alltoall", x, out, None, None, None, algorithm, timeout)
+
+    def alltoallv(self, x: Any, send_counts: Any, recv_counts: Any = None, *, out: Any = None,
+                  algorithm: str | None = None, timeout: float | None = None) -> Any:
+        """The first send_counts[0] rows of `x` go to rank 0, the next send_counts[1] to rank 1, ...;
+        the result holds recv_counts[i] rows from each rank i, in rank order.
+
+        Without `recv_counts` the ranks first exchange their counts (every rank checks them all);
+        with them, they must match what each peer sends (a mismatch is a CommunicationError).
+        """
+        return self._blocking("alltoallv", x, out, None, None, _counts_pair(send_counts, recv_counts), algorithm,
+                              timeout)
+
+    def scan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+             timeout: float | None = None) -> Any:
+        """Inclusive prefix reduction: rank r gets `x` of ranks 0..r reduced elementwise, in rank
+        order (avg: their mean)."""
+        return self._blocking("scan", x, out, op, None, None, algorithm, timeout)
+
+    def exscan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+               timeout: float | None = None) -> Any:
+        """Exclusive prefix reduction: rank r gets `x` of ranks 0..r-1 reduced elementwise. MPI
+        leaves rank 0's result undefined; here rank 0 gets None (as mpi4py's lowercase exscan)
+        and its out= is left untouched."""
+        return self._blocking("exscan", x, out, op, None, None, algorithm, timeout)
 
     # ---- nonblocking: same arguments, return a request; wait() returns the result ----
 
@@ -461,14 +541,34 @@ class Communicator:
         """Nonblocking `scatter`."""
         return self._start("scatter", x, out, None, root, counts, algorithm, timeout)
 
-    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                        timeout: float | None = None) -> CollectiveRequest:
+    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                        algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `reduce_scatter`."""
-        return self._start("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+        return self._start("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
 
     def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
         """Nonblocking `barrier`: wait() returns once every rank has entered."""
         return self._start("barrier", None, None, None, None, None, algorithm, timeout)
+
+    def ialltoall(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `alltoall`."""
+        return self._start("alltoall", x, out, None, None, None, algorithm, timeout)
+
+    def ialltoallv(self, x: Any, send_counts: Any, recv_counts: Any = None, *, out: Any = None,
+                   algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `alltoallv`."""
+        return self._start("alltoallv", x, out, None, None, (send_counts, recv_counts), algorithm, timeout)
+
+    def iscan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+              timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `scan`."""
+        return self._start("scan", x, out, op, None, None, algorithm, timeout)
+
+    def iexscan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                timeout: float | None = None) -> CollectiveRequest:
+        """Nonblocking `exscan` (rank 0's wait() returns None)."""
+        return self._start("exscan", x, out, op, None, None, algorithm, timeout)
 
     # ---- persistent (MPI-4): made once, collectively; then start() and wait() per use ----
 
@@ -503,14 +603,40 @@ class Communicator:
         """Persistent `scatter`."""
         return self._persistent("scatter", x, out, None, root, counts, algorithm, timeout)
 
-    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                            timeout: float | None = None) -> PersistentRequest:
+    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
+                            algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
         """Persistent `reduce_scatter`."""
-        return self._persistent("reduce_scatter", x, out, op, None, None, algorithm, timeout)
+        return self._persistent("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
 
     def barrier_init(self, *, algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
         """Persistent `barrier`."""
         return self._persistent("barrier", None, None, None, None, None, algorithm, timeout)
+
+    def alltoall_init(self, x: Any, *, out: Any = None, algorithm: str | None = None,
+                      timeout: float | None = None) -> PersistentRequest:
+        """Persistent `alltoall`."""
+        return self._persistent("alltoall", x, out, None, None, None, algorithm, timeout)
+
+    def alltoallv_init(self, x: Any, send_counts: Any, recv_counts: Any = None, *, out: Any = None,
+                       algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
+        """Persistent `alltoallv`: give `recv_counts` to have it planned (without them every
+        start() exchanges the counts first)."""
+        return self._persistent("alltoallv", x, out, None, None, (send_counts, recv_counts), algorithm, timeout)
+
+    def scan_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                  timeout: float | None = None) -> PersistentRequest:
+        """Persistent `scan`."""
+        return self._persistent("scan", x, out, op, None, None, algorithm, timeout)
+
+    def exscan_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
+                    timeout: float | None = None) -> PersistentRequest:
+        """Persistent `exscan`."""
+        return self._persistent("exscan", x, out, op, None, None, algorithm, timeout)
+
+
+def _counts_pair(send_counts: Any, recv_counts: Any) -> tuple[Any, Any]:
+    """alltoallv's counts as the one counts= part of a plan's key (see _key)."""
+    return _key(send_counts), _key(recv_counts)
 
 
 def _caller_arrays(x: Any, out: Any) -> bool:

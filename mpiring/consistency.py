@@ -8,11 +8,13 @@ The fingerprint of a call (one fixed-size record per rank):
     seq          every collective                               calls made on this communicator
     collective   every collective                               "allreduce", ...
     algorithm    every collective                               as asked for ("auto", "ring", ...)
-    op           reduce, allreduce, reduce_scatter              "sum", ...
+    op           reduce, allreduce, reduce_scatter, scan,       "sum", ...
+                 exscan
     root         broadcast, reduce, gather, scatter             the root rank
     dtype        all but barrier and scatter                    numpy's dtype.str ("<f8")
-    shape        broadcast, reduce, allreduce, reduce_scatter   the whole shape
-    row shape    gather, allgather                              shape[1:] (row counts may differ)
+    shape        broadcast, reduce, allreduce, reduce_scatter,  the whole shape
+                 alltoall, scan, exscan
+    row shape    gather, allgather, alltoallv                   shape[1:] (row counts may differ)
 
 scatter's non-root ranks know neither the dtype nor the shape (only the root holds the data),
 so scatter compares only seq, collective, algorithm and root. When the collectives themselves
@@ -45,7 +47,7 @@ from typing import Any
 import numpy
 
 from mpiring import environment
-from mpiring.backend import NUMPY
+from mpiring.backend import NUMPY, dtype_token
 from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
 from mpiring.errors import ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Call, Ring, Steps, run_to_end
@@ -127,7 +129,7 @@ class Checker:
         ring, collective = self.ring, call.collective
         dtype, shape = "", None
         if x is not None and collective not in WITHOUT_DATA:
-            dtype, shape = x.dtype.str, tuple(x.shape[1:] if collective in JOINING else x.shape)
+            dtype, shape = dtype_token(x.dtype), tuple(x.shape[1:] if collective in JOINING else x.shape)
         self._rows[ring.rank] = _record(
             collective, call.algorithm, op if collective in REDUCING else None,
             root if collective in ROOTED else None, dtype, shape,

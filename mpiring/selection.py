@@ -18,8 +18,8 @@ from mpiring import environment
 AUTO = "auto"
 
 # collective -> [(largest message in bytes, algorithm)]; the first row whose bound holds wins.
-# The message size is per rank for the reductions and broadcast, the whole result for
-# gather, all-gather and scatter. None means "any size".
+# The message size is per rank for the reductions, scans, all-to-all and broadcast, the whole
+# result for gather, all-gather and scatter. None means "any size".
 SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "broadcast": [(4 << 20, "binomial"), (None, "ring")],
     "reduce": [(1 << 20, "binomial"), (None, "ring")],
@@ -30,6 +30,14 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "scatter": [(4 << 20, "binomial"), (None, "ring")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
+    # the rank's whole input; Bruck's lg p rounds each send about half of it, and won only at
+    # 8 ranks below a few KiB (docs/algorithms.md)
+    "alltoall": [(2 << 10, "bruck"), (None, "pairwise")],
+    "alltoallv": [(None, "pairwise")],
+    # recursive doubling's lg p rounds for an isolated small call; in back-to-back calls the
+    # chain pipelines across calls and won at every size (docs/algorithms.md)
+    "scan": [(4 << 10, "recursive_doubling"), (None, "ring")],
+    "exscan": [(4 << 10, "recursive_doubling"), (None, "ring")],
 }
 
 _announced: set[tuple[str, str]] = set()

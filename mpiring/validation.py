@@ -12,7 +12,7 @@ from typing import Any
 import numpy
 
 from mpiring.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
-from mpiring.backend import SUPPORTED_DTYPES, NumpyBackend
+from mpiring.backend import NUMPY, SUPPORTED_DTYPES, NumpyBackend, is_bfloat16
 from mpiring.errors import ArgumentError, ArgumentTypeError
 from mpiring.ops import OPS, op_problem
 from mpiring.selection import AUTO, environment_choice
@@ -33,14 +33,28 @@ def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, sp
     if not dtype.isnative:
         raise ArgumentTypeError(collective, name, f"dtype {dtype} is not in native byte order")
     if dtype not in SUPPORTED_DTYPES:
-        raise ArgumentTypeError(collective, name, f"unsupported dtype {dtype}; supported: {_DTYPE_NAMES}")
+        if is_bfloat16(dtype):
+            if backend is not NUMPY:
+                raise ArgumentTypeError(collective, name, "bfloat16 is supported on the host only (ml_dtypes); "
+                                        "CuPy has no bfloat16 arithmetic: pass float32 or a NumPy array")
+            return arr
+        raise ArgumentTypeError(collective, name, f"unsupported dtype {dtype}; supported: {_DTYPE_NAMES}, "
+                                "bfloat16 (ml_dtypes)")
     if split and arr.ndim == 0:
         raise ArgumentError(collective, name, "is 0-d, but this collective splits or joins along axis 0")
     return arr
 
 
+# The reductions that reduce bfloat16 in float32 (mpiring.collectives.in_float32).
+WIDENING = ("reduce", "allreduce", "scan", "exscan")
+
+
 def check_op(collective: str, op: Any, dtype: Any) -> str:
-    problem = op_problem(op, dtype.kind)
+    bfloat16 = is_bfloat16(dtype)
+    if bfloat16 and collective not in WIDENING:
+        raise ArgumentTypeError(collective, "x", "bfloat16 is not reduced by this collective yet (it would "
+                                "round at every step); reduce in float32, or use allreduce")
+    problem = op_problem(op, "f" if bfloat16 else dtype.kind)
     if problem:
         # an op the dtype has no meaning for is a type mistake; an unknown op a value mistake
         error = ArgumentTypeError if isinstance(op, str) and op in OPS else ArgumentError
@@ -56,17 +70,17 @@ def check_root(collective: str, root: Any, size: int) -> int:
     return int(root)
 
 
-def check_counts(collective: str, counts: Any, size: int) -> list[int] | None:
-    """counts= as a list of `size` non-negative row counts (None stays None)."""
+def check_counts(collective: str, counts: Any, size: int, name: str = "counts") -> list[int] | None:
+    """counts= (or the argument `name`) as a list of `size` non-negative row counts (None stays None)."""
     if counts is None:
         return None
     try:
         values = list(counts)
     except TypeError:
-        raise ArgumentTypeError(collective, "counts", f"must be a sequence of row counts, got {counts!r}") from None
+        raise ArgumentTypeError(collective, name, f"must be a sequence of row counts, got {counts!r}") from None
     if len(values) != size or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0
                                       for n in values):
-        raise ArgumentError(collective, "counts", f"must give {size} non-negative integers (one per rank), "
+        raise ArgumentError(collective, name, f"must give {size} non-negative integers (one per rank), "
                             f"got {counts!r}")
     return [int(n) for n in values]
 

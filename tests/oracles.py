@@ -17,12 +17,28 @@ DTYPES = [
     for d in ("bool", "int8", "uint8", "int16", "int32", "uint32", "int64", "uint64",
               "float16", "float32", "float64", "complex64", "complex128")
 ]
-OPS = ["sum", "prod", "min", "max", "avg"]
-UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
-NATIVE_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM}
+BIT_OPS = ["band", "bor", "bxor", "land", "lor", "lxor"]
+OPS = ["sum", "prod", "min", "max", "avg", *BIT_OPS]
+# the bitwise and logical ops are tested on these (the other integer dtypes take the same ufuncs)
+BIT_DTYPES = [np.dtype(d) for d in ("bool", "int8", "uint16", "int32", "uint64")]
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add,
+          "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
+          "land": np.logical_and, "lor": np.logical_or, "lxor": np.logical_xor}
+NATIVE_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX, "avg": MPI.SUM,
+              "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR}
+# MPI defines only the logical ops on C_BOOL: the bitwise ones are the same on bools
+NATIVE_BOOL_OPS = {"band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR, "land": MPI.LAND, "lor": MPI.LOR,
+                   "lxor": MPI.LXOR}
+
+
+def native_op(op: str, dtype: np.dtype):
+    """mpi4py's op for this mpiring op and dtype."""
+    return NATIVE_BOOL_OPS[op] if dtype.kind == "b" else NATIVE_OPS[op]
 
 
 def op_valid(op: str, dtype: np.dtype) -> bool:
+    if op in BIT_OPS:
+        return dtype.kind in "biu"
     if op == "avg":
         return dtype.kind in "fc"
     if op in ("min", "max"):
@@ -36,6 +52,8 @@ def rank_input(seed: int, rank: int, shape, dtype, op: str = "sum") -> np.ndarra
     rng = np.random.default_rng([seed, rank, 12345])
     if dtype.kind == "b":
         return rng.integers(0, 2, shape).astype(bool)
+    if op in ("land", "lor", "lxor"):  # zeros common enough that every outcome shows up
+        return rng.integers(0, 3, shape).astype(dtype)
     if op == "prod":  # no zeros, small magnitudes: products of 8 ranks stay exact
         values = rng.choice(np.array([-2, -1, 1, 2]), shape) if dtype.kind != "u" else rng.integers(1, 3, shape)
     elif dtype.kind == "u":
@@ -64,7 +82,7 @@ def numpy_reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:
 def native_supported(dtype: np.dtype, op: str | None = None) -> bool:
     """Whether mpi4py's native collectives handle this dtype (and op) for an oracle."""
     # MPI has no float16 type, and defines only logical ops on booleans
-    return dtype != np.float16 and not (dtype == np.bool_ and op is not None)
+    return dtype != np.float16 and not (dtype == np.bool_ and op is not None and op not in NATIVE_BOOL_OPS)
 
 
 def assert_same(got, want, what: str) -> None:
@@ -89,14 +107,14 @@ def native_reduction(collective: str, x: np.ndarray, op: str, root: int = 0) -> 
         row = x[:1].size if len(x) else int(np.prod(x.shape[1:]))
         counts = [len(part) * row for part in np.array_split(np.empty(x.shape[0]), size)]
         result = np.empty(counts[rank], x.dtype)
-        world.Reduce_scatter(x, result, counts, NATIVE_OPS[op])
+        world.Reduce_scatter(x, result, counts, native_op(op, x.dtype))
         result = result.reshape(-1, *x.shape[1:])
     else:
         result = np.empty_like(x)
         if collective == "allreduce":
-            world.Allreduce(x, result, NATIVE_OPS[op])
+            world.Allreduce(x, result, native_op(op, x.dtype))
         else:
-            world.Reduce(x, result, NATIVE_OPS[op], root=root)
+            world.Reduce(x, result, native_op(op, x.dtype), root=root)
             if rank != root:
                 return None
     if op == "avg":

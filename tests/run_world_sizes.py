@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole test suite: the serial tests once, then the MPI tests at every world size.
 
-    python tests/run_world_sizes.py                  # sizes 1 2 3 4 8
+    python tests/run_world_sizes.py                  # sizes 1 2 3 4 8 (and 5 for tests/test_dropin.py)
     python tests/run_world_sizes.py --slurm          # also the real-Slurm tests (apt-installs Slurm, as root)
     python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
 
@@ -25,6 +25,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+DEFAULT_SIZES = [1, 2, 3, 4, 8]
+# World sizes run for a few test files only, after the default sizes of a whole-suite run (no
+# --sizes, no pytest arguments): the mpi4py drop-in at 5 ranks too, as mpi4py tests its own.
+EXTRA_SIZES = {5: ["test_dropin.py"]}
 
 
 def mpi_environment() -> dict[str, str]:
@@ -83,7 +87,7 @@ def run(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 4, 8])
+    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES)
     parser.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (thread method)")
     parser.add_argument("--run-timeout", type=int, default=1500, help="seconds for one world size")
     parser.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) tests")
@@ -107,13 +111,17 @@ def main() -> int:
                            serial_env, args.run_timeout)
         results.append(("serial", code, counts(output)))
 
-    for index, size in enumerate(args.sizes):
+    runs = [(size, args.pytest_args, "") for size in args.sizes]
+    if args.sizes == DEFAULT_SIZES and not args.pytest_args:
+        runs += [(size, [os.path.join(HERE, f) for f in files], " (" + " ".join(files) + ")")
+                 for size, files in EXTRA_SIZES.items()]
+    for index, (size, pytest_args, which) in enumerate(runs):
         if index:  # pytest-mpi's MPI information block: once is enough (tests/conftest.py)
             env = dict(env, MPIRING_MPI_INFO_SHOWN="1")
         command = [mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py", os.path.join(HERE, "mpi_pytest.py"),
-                   "--with-mpi", "-m", "mpi", "-q", *timeouts, *args.pytest_args]
+                   "--with-mpi", "-m", "mpi", "-q", *timeouts, *pytest_args]
         code, output = run(command, dict(env, MPIEXEC_TIMEOUT=str(args.run_timeout)), args.run_timeout + 30)
-        results.append((f"world size {size}", code, counts(output)))
+        results.append((f"world size {size}{which}", code, counts(output)))
 
     print("\nmpiring test summary")
     failed_runs = passed = failed = skipped = 0

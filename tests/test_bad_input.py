@@ -49,6 +49,21 @@ CASES = [
     ("gather", dict(x=GOOD, root=N + 3), "root", "not a rank"),
     ("scatter", dict(x=GOOD, root=N), "root", "not a rank"),
     ("barrier", dict(algorithm="dissemination?"), "algorithm", "unknown algorithm"),
+    ("allreduce", dict(x=GOOD, op="band"), "op", "integer or bool"),
+    ("reduce_scatter", dict(x=np.ones(4, np.complex64), op="lxor"), "op", "integer or bool"),
+    ("scan", dict(x=GOOD, op="bor"), "op", "integer or bool"),
+    ("scan", dict(x=np.arange(4), op="avg"), "op", "avg"),
+    ("scan", dict(x=GOOD, out=np.zeros(5)), "out", "shape"),
+    ("exscan", dict(x=GOOD, op="mean"), "op", "unknown op"),
+    ("alltoall", dict(x=np.float64(3.0)), "x", "0-d"),
+    ("alltoall", dict(x=np.zeros((2 * N, 2)), out=np.zeros((2 * N, 3))), "out", "shape"),
+    ("alltoallv", dict(x=GOOD, send_counts=None), "send_counts", "missing"),
+    ("alltoallv", dict(x=GOOD, send_counts=[7] + [0] * (N - 1)), "send_counts", "add up to 7 rows"),
+    ("alltoallv", dict(x=GOOD, send_counts=[6] * (N + 1)), "send_counts", f"{N} non-negative"),
+    ("alltoallv", dict(x=GOOD, send_counts=[6] + [0] * (N - 1), recv_counts=[-1] * N), "recv_counts", "non-negative"),
+    ("alltoallv", dict(x=GOOD, send_counts=[6] + [0] * (N - 1), recv_counts=[1] * N, out=np.zeros(N + 1)), "out",
+     "shape"),
+    *([("alltoall", dict(x=np.zeros((N + 1, 2))), "x", "not a multiple")] if N > 1 else []),
 ]
 
 

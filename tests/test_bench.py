@@ -37,8 +37,13 @@ EXPECTED_BUS_FACTOR = {
     "scatter": {1: 0.0, 2: 0.5, 3: 2 / 3, 4: 0.75, 8: 0.875},
     "broadcast": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0},
     "reduce": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0},
+    "alltoall": {1: 0.0, 2: 0.5, 3: 2 / 3, 4: 0.75, 8: 0.875},
+    "alltoallv": {1: 0.0, 2: 0.5, 3: 2 / 3, 4: 0.75, 8: 0.875},
+    "scan": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0},  # nccl-tests has none: one pass down the chain
+    "exscan": {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 8: 1.0},
 }
-PER_RANK = {"reduce_scatter", "allgather", "gather", "scatter"}  # S = count * typesize * n
+# S = count * typesize * n
+PER_RANK = {"reduce_scatter", "allgather", "gather", "scatter", "alltoall", "alltoallv"}
 
 
 def run_bench(args: list[str], tmp_path, ranks: int = RANKS, python_args: list[str] | None = None):
@@ -248,7 +253,7 @@ def test_results_have_every_field_and_consistent_sizes(sweep_run):
         assert r["efficiency_pct"] == pytest.approx(100 * r["ceiling_time_us"] / r["time_us"])
         assert r["time_min_us"] <= r["time_us"] <= r["time_max_us"]
         assert r["root"] == (1 if name in ("broadcast", "reduce", "gather", "scatter") else None)
-        assert r["op"] == ("sum" if name in ("reduce", "allreduce", "reduce_scatter") else None)
+        assert r["op"] == ("sum" if name in ("reduce", "allreduce", "reduce_scatter", "scan", "exscan") else None)
     sizes = sorted({r["size_bytes"] for r in data["results"] if r["collective"] == "allreduce"})
     assert sizes == [1024, 8192, 65536]
 

@@ -7,11 +7,15 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from oracles import (
+    BIT_DTYPES,
+    BIT_OPS,
     DTYPES,
     OPS,
     all_inputs,
     assert_same,
+    native_op,
     native_reduction,
+    native_supported,
     numpy_reduce,
     op_valid,
     rank_input,
@@ -28,7 +32,8 @@ RANK = WORLD.Get_rank()
 BIG = 70_001  # elements: past the MPI libraries' eager limits for every dtype but the 1-byte ones
 LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 13, 37, BIG})
 ROOTS = sorted({0, N - 1, N // 2})
-OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d)]
+# the bitwise and logical ops on a few integer dtypes (they share one ufunc per op)
+OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d) and (op not in BIT_OPS or d in BIT_DTYPES)]
 
 
 def algorithms(collective: str) -> pytest.MarkDecorator:
@@ -83,6 +88,30 @@ def test_reduce_scatter(comm, case, algorithm):
         native = native_reduction("reduce_scatter", inputs[RANK], op)
         if native is not None:
             assert_same(got, native, f"reduce_scatter {op} {dtype} rows {rows} vs MPI")
+
+
+@pytest.mark.parametrize("case", OP_CASES[::3], ids=_case_id)
+@algorithms('reduce_scatter')
+def test_reduce_scatter_counts(comm, case, algorithm):
+    """counts= (MPI's recvcounts): uneven parts, some empty, all rows on one rank, large parts."""
+    dtype, op = case
+    layouts = [[(3 * k + 1) % 4 for k in range(N)], [0] * (N - 1) + [5], [BIG // N + k for k in range(N)]]
+    for seed, counts in enumerate(layouts):
+        inputs = all_inputs(seed, N, (sum(counts), 2), dtype, op)
+        got = comm.reduce_scatter(inputs[RANK], op=op, counts=counts, algorithm=algorithm)
+        lo = sum(counts[:RANK])
+        want = numpy_reduce(op, inputs)[lo : lo + counts[RANK]]
+        assert_same(got, want, f"reduce_scatter counts={counts} {op} {dtype}")
+        if native_supported(dtype, op):
+            native = np.empty((counts[RANK], 2), dtype)
+            WORLD.Reduce_scatter(inputs[RANK], native, [2 * c for c in counts], native_op(op, dtype))
+            if op == "avg":
+                native = np.true_divide(native, N).astype(dtype)
+            assert_same(got, native, f"reduce_scatter counts={counts} {op} {dtype} vs MPI")
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.reduce_scatter(np.ones((N + 1, 2)), counts=[1] * N)  # every rank raises before any message moves
+    with pytest.raises(mpiring.ArgumentError, match="counts"):
+        comm.reduce_scatter(np.ones((N, 2)), counts=[1] * (N + 1))
 
 
 def _rows_of(rank: int, seed: int) -> int:

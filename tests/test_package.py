@@ -71,6 +71,11 @@ def test_public_surface():
         assert callable(getattr(mpiring.Communicator, name)), name
         assert "ring" in ALGORITHMS[name]
     assert (mpiring.SUM, mpiring.PROD, mpiring.MIN, mpiring.MAX, mpiring.AVG) == ("sum", "prod", "min", "max", "avg")
+    assert (mpiring.BAND, mpiring.BOR, mpiring.BXOR, mpiring.LAND, mpiring.LOR, mpiring.LXOR) == (
+        "band", "bor", "bxor", "land", "lor", "lxor")
+    for name in ("alltoall", "alltoallv", "scan", "exscan"):
+        for method in (name, f"i{name}", f"{name}_init"):
+            assert callable(getattr(mpiring.Communicator, method)), method
     assert issubclass(mpiring.ArgumentError, ValueError)
 
 
@@ -132,7 +137,9 @@ def test_the_catalogue_is_what_every_table_and_the_api_follow():
         for method in (name, f"i{name}", f"{name}_init"):
             parameters = inspect.signature(getattr(mpiring.Communicator, method)).parameters
             assert ("op" in parameters, "root" in parameters) == (entry.reduces, entry.rooted), method
-            assert ("counts" in parameters) == (entry.joins_rows or name == "scatter"), method
+            takes_counts = (entry.joins_rows and not entry.send_counts) or name in ("scatter", "reduce_scatter")
+            assert ("counts" in parameters) == takes_counts, method
+            assert ("send_counts" in parameters) == ("recv_counts" in parameters) == entry.send_counts, method
 
 
 def test_every_environment_variable_is_read_by_one_module_with_one_rule(monkeypatch):
@@ -153,3 +160,19 @@ def test_every_environment_variable_is_read_by_one_module_with_one_rule(monkeypa
         environment.flag("MPIRING_DEBUG", "test")
     monkeypatch.setenv("MPIRING_TIMEOUT", "none")
     assert environment.seconds("MPIRING_TIMEOUT", "test") == float("inf")
+
+
+def test_bfloat16_is_refused_on_a_device_backend():
+    """CuPy has no bfloat16 arithmetic: a device array of it gets a clear error, not a wrong sum."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="pip install ml_dtypes (mpiring's bf16 extra)")
+    from mpiring.validation import check_array
+
+    class DeviceBackend:  # any backend but the host's; check_array only asks it for an array
+        name = "cupy"
+
+        def asarray(self, x):
+            return x
+
+    with pytest.raises(mpiring.ArgumentTypeError, match="host only"):
+        check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), DeviceBackend())
+    assert check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), NUMPY).dtype.name == "bfloat16"

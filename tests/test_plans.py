@@ -37,13 +37,23 @@ def _calls(comm, algorithm, seed, rows):
     full = np.empty_like(x)
     root = seed % N
     counts = [rows] * N
+    uneven = [(RANK + b) % 3 for b in range(N)]  # all-to-all-v: rank a sends rank b (a + b) % 3 rows
+    v_in, v_out = np.empty((sum(uneven), 3)), np.empty((sum((a + RANK) % 3 for a in range(N)), 3))
+    prefix = np.empty_like(x)
 
     def fill(seed):
         inputs = all_inputs(seed, N, x.shape, x.dtype)
         x[...] = inputs[RANK]
         block[...] = rank_input(seed, RANK, block.shape, block.dtype)
         blocks = [rank_input(seed, k, block.shape, block.dtype) for k in range(N)]
+        v_inputs = [rank_input(seed, k, (sum((k + b) % 3 for b in range(N)), 3), x.dtype) for k in range(N)]
+        v_in[...] = v_inputs[RANK]
+        offsets = [sum((k + b) % 3 for b in range(RANK)) for k in range(N)]
         return {
+            "alltoall": np.concatenate([np.split(inputs[k], N)[RANK] for k in range(N)]),
+            "alltoallv": np.concatenate([v_inputs[k][offsets[k] : offsets[k] + (k + RANK) % 3] for k in range(N)]),
+            "scan": numpy_reduce("sum", inputs[: RANK + 1]),
+            "exscan": numpy_reduce("max", inputs[:RANK]) if RANK else None,
             "allreduce": numpy_reduce("sum", inputs),
             "reduce": numpy_reduce("max", inputs),
             "broadcast": inputs[root],
@@ -64,23 +74,33 @@ def _calls(comm, algorithm, seed, rows):
         "allgather": lambda: comm.allgather(block, out=whole, algorithm=algo("allgather")),
         "gather": lambda: comm.gather(block, root=root, out=whole, counts=counts, algorithm=algo("gather")),
         "scatter": lambda: comm.scatter(x, root=root, out=part, counts=counts, algorithm=algo("scatter")),
+        "alltoall": lambda: comm.alltoall(x, out=full, algorithm=algo("alltoall")),
+        "alltoallv": lambda: comm.alltoallv(v_in, uneven, [(a + RANK) % 3 for a in range(N)], out=v_out,
+                                            algorithm=algo("alltoallv")),
+        "scan": lambda: comm.scan(x, out=prefix, algorithm=algo("scan")),
+        "exscan": lambda: comm.exscan(x, op="max", out=prefix, algorithm=algo("exscan")),
     }
-    return fill, runs, root
+    planned = {"alltoall": (x, full), "alltoallv": (v_in, v_out), "scan": (x, prefix), "exscan": (x, prefix)}
+    return fill, runs, root, planned
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "rabenseifner",
-                                       "ring_pipelined", "bruck", "recursive_halving"])
+                                       "ring_pipelined", "bruck", "recursive_halving", "pairwise"])
 @pytest.mark.parametrize("rows", [0, 1, 3])
 def test_replays_match_the_oracle_with_new_contents(comm, algorithm, rows):
-    fill, runs, root = _calls(comm, algorithm, seed=rows, rows=rows)
+    fill, runs, root, planned = _calls(comm, algorithm, seed=rows, rows=rows)
     for seed in range(4):  # the first call is unplanned, the second builds the plan, then replays
         expected = fill(100 * rows + seed)
         for name, run in runs.items():
             got = run()
-            if name in ("reduce", "gather") and RANK != root:
+            if (name in ("reduce", "gather") and RANK != root) or expected[name] is None:
                 assert got is None
             else:
                 assert_same(got, expected[name], f"{name} {algorithm} call {seed}")
+            if seed > 0:  # planned from the second call on: host arrays, layout known to every rank
+                arrays = planned.get(name)
+                if arrays is not None:
+                    assert comm.plan_of(name, *arrays) is not None, name
 
 
 def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):

@@ -9,6 +9,8 @@ Timing cannot break a schedule that passes these: it is what MPI may do at any s
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from mpiring.algorithms import ALGORITHMS, broadcast_ring, reduce_scatter_ring_p
 from mpiring.backend import NUMPY
 from mpiring.engine.partition import split_bounds
 from mpiring.ring import Scratch, Step
+
+scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
 
 
 class CheckingRing:
@@ -99,6 +103,17 @@ def _steps(collective, algorithm, ring, backend, length, root):
                    bounds)
     if collective == "scatter":
         return run(ring, backend, 1, root, x if r == root else None, np.empty(bounds[r + 1] - bounds[r]), bounds)
+    if collective == "alltoall":
+        block = length % 4
+        even = [k * block for k in range(p + 1)]
+        return run(ring, backend, 1, np.arange(p * block, dtype=np.float64), even, np.empty(p * block), even)
+    if collective == "alltoallv":  # rank a sends rank b (a + 2b + length) % 4 elements, some none
+        send = [0] + list(np.cumsum([(r + 2 * b + length) % 4 for b in range(p)]))
+        receive = [0] + list(np.cumsum([(a + 2 * r + length) % 4 for a in range(p)]))
+        return run(ring, backend, 1, np.arange(send[-1], dtype=np.float64), send, np.empty(receive[-1]), receive)
+    if collective in ("scan", "exscan"):
+        exclusive = collective == "exscan"
+        return run(ring, backend, 1, x, None if exclusive and r == 0 else np.empty(length), "sum", exclusive)
     return run(ring, 1)  # barrier
 
 
@@ -109,6 +124,7 @@ CASES = [(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms]
 def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, algorithm):
     monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)  # two float64 per segment
     monkeypatch.setattr(broadcast_ring, "SEGMENT_BYTES", 16)
+    monkeypatch.setattr(scan_chain, "SEGMENT_BYTES", 16)
     for p in (1, 2, 3, 4, 5, 7, 8):
         for length in sorted({0, 1, p - 1, p + 1, 3 * p + 2, 37}):
             root = length % p

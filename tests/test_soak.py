@@ -49,7 +49,7 @@ LONGEST = 70_001 if FULL else 1_024  # elements: the full tier crosses the MPI e
 RSS_SLACK = 64 << 20  # bytes RSS may grow after warm-up: generous, it catches leaks per call
 COLLECTIVES = list(ALGORITHMS)
 DTYPES = sorted(SUPPORTED_DTYPES, key=lambda d: d.name)  # a set: sort it so every rank draws alike
-REDUCTIONS = ("reduce", "allreduce", "reduce_scatter")
+REDUCTIONS = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
 
 
 def _ops_for(dtype: np.dtype) -> list[str]:
@@ -123,12 +123,21 @@ def draw(index: int) -> Spec:
     rows = [length // cols] * N
     if kind in ("gather", "allgather"):  # ranks pass different row counts
         rows = [int(r) for r in rng.integers(0, max(length // cols // max(N, 1), 1) + 1, N)]
+    if kind == "alltoall":  # equal blocks
+        rows = [length // cols // N * N] * N
+    if kind == "alltoallv":  # rank a sends rank b _sends(a, b, index) rows
+        rows = [sum(_sends(a, b, index) for b in range(N)) for a in range(N)]
     shape = (rows[RANK],) if cols == 1 else (rows[RANK], cols)
     out = "none"
     if kind not in ("barrier",):
         pick = rng.random()
         out = "fresh" if pick < 0.15 else "inplace" if pick < 0.3 and kind in ("allreduce", "broadcast") else "none"
     return Spec(index, kind, algorithm, dtype, op, root, shape, rows, out, seed=SEED * 100_003 + index)
+
+
+def _sends(a: int, b: int, index: int) -> int:
+    """alltoallv's rows from rank a to rank b in the index-th call: uneven, often none."""
+    return (a + 2 * b + index) % 4
 
 
 def _input(spec: Spec, rank: int) -> np.ndarray:
@@ -143,8 +152,10 @@ def _out_for(spec: Spec, x: np.ndarray | None) -> np.ndarray | None:
     if spec.out != "fresh":
         return None
     trailing = spec.shape[1:]
-    if spec.kind in ("broadcast", "allreduce"):
+    if spec.kind in ("broadcast", "allreduce", "alltoall", "scan", "exscan"):
         return np.empty(spec.shape, spec.dtype)
+    if spec.kind == "alltoallv":
+        return np.empty((sum(_sends(a, RANK, spec.index) for a in range(N)), *trailing), spec.dtype)
     if spec.kind == "reduce":
         return np.empty(spec.shape, spec.dtype) if RANK == spec.root else None
     if spec.kind == "allgather":
@@ -167,6 +178,8 @@ def issue(comm: mpiring.Communicator, spec: Spec, blocking: bool) -> Flight:
     if kind in ("broadcast", "reduce", "gather", "scatter"):
         kwargs["root"] = spec.root
     args = () if kind == "barrier" else (x,)
+    if kind == "alltoallv":
+        args = (x, [_sends(RANK, b, spec.index) for b in range(N)])
     flight = Flight(spec, x, original)
     if blocking:
         flight.result = getattr(comm, kind)(*args, **kwargs)
@@ -208,9 +221,26 @@ def oracle(spec: Spec, original: np.ndarray | None) -> np.ndarray | None:
         send = [_bytes(original), [p * row for p in parts], MPI.BYTE] if RANK == spec.root else None
         WORLD.Scatterv(send, [_bytes(result), MPI.BYTE], root=spec.root)
         return result
+    if kind in ("alltoall", "alltoallv"):
+        send = [spec.shape[0] // N] * N if kind == "alltoall" else [_sends(RANK, b, spec.index) for b in range(N)]
+        receive = send if kind == "alltoall" else [_sends(a, RANK, spec.index) for a in range(N)]
+        result = np.empty((sum(receive), *trailing), dtype)
+        WORLD.Alltoallv([_bytes(original), [n * row for n in send], MPI.BYTE],
+                        [_bytes(result), [n * row for n in receive], MPI.BYTE])
+        return result
     # reductions
     parts = [len(p) for p in np.array_split(np.arange(spec.shape[0]), N)]
     mpi_has_it = dtype != np.float16 and dtype != np.bool_
+    if kind in ("scan", "exscan"):
+        exclusive = kind == "exscan"
+        if mpi_has_it:
+            result = np.empty_like(original)
+            (WORLD.Exscan if exclusive else WORLD.Scan)(original, result, NATIVE_OPS[op])
+            if op == "avg" and RANK > 0:
+                result = np.true_divide(result, RANK if exclusive else RANK + 1).astype(dtype)
+        elif RANK > 0 or not exclusive:
+            result = numpy_reduce(op, [_input(spec, k) for k in range(RANK if exclusive else RANK + 1)])
+        return None if exclusive and RANK == 0 else result
     if mpi_has_it:
         if kind == "reduce_scatter":
             result = np.empty((parts[RANK], *trailing), dtype)

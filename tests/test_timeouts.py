@@ -37,6 +37,7 @@ def _start(comm: mpiring.Communicator, collective: str, blocking: bool, root: in
         "broadcast": dict(x=x, root=root), "reduce": dict(x=x, root=root), "allreduce": dict(x=x),
         "gather": dict(x=x, root=root), "allgather": dict(x=x),
         "scatter": dict(x=x if RANK == root else None, root=root), "reduce_scatter": dict(x=x), "barrier": {},
+        "alltoall": dict(x=x), "alltoallv": dict(x=x, send_counts=[2] * N), "scan": dict(x=x), "exscan": dict(x=x),
     }[collective]
     if blocking:
         return getattr(comm, collective)(**arguments, **kwargs)
@@ -55,12 +56,15 @@ def _fault(collective: str) -> tuple[int, int, set[int]]:
     Small messages are sent eagerly, so a rank that needs nothing from the missing one may
     correctly finish: in a reduce, the leaves of a tree only send. Broadcast and scatter flow
     out of the root, so the root skips them; in a reduce the root needs everyone, so a
-    non-root skips and the root must notice. The other collectives need every rank everywhere.
+    non-root skips and the root must notice; a scan needs only lower ranks, so rank 0 skips.
+    The other collectives need every rank everywhere.
     """
     if collective in ("broadcast", "scatter"):
         return N - 1, N - 1, set(range(N - 1))
     if collective == "reduce":
         return N - 1, 0, {0}
+    if collective in ("scan", "exscan"):  # every rank's prefix but rank 0's holds rank 0's data
+        return 0, 0, set(range(1, N))
     skipper = N // 2
     return skipper, 0, set(range(N)) - {skipper}
 

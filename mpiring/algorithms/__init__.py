@@ -17,6 +17,8 @@ from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
 from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
+from mpiring.algorithms.alltoall_bruck import alltoall_bruck
+from mpiring.algorithms.alltoall_pairwise import alltoall_pairwise
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
@@ -28,6 +30,8 @@ from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_scatter_steps
+from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
+from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.algorithms.scatter_binomial import scatter_binomial
 from mpiring.algorithms.scatter_ring import scatter_steps
 
@@ -49,6 +53,12 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_halving": reduce_scatter_recursive_halving,
     },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
+    "alltoall": {"pairwise": alltoall_pairwise, "bruck": alltoall_bruck},
+    # the ranks know only their own counts, not the blocks Bruck would forward for others
+    "alltoallv": {"pairwise": alltoall_pairwise},
+    # one function each for scan and exscan (the collective says which)
+    "scan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
+    "exscan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
 }
 
 DEFAULT_ALGORITHM = "auto"  # mpiring.selection picks by message and world size

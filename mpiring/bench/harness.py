@@ -206,11 +206,11 @@ def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device)
     row.ours(setup, buffers)
     row.native(setup, buffers)
     device.synchronize()
-    if not has_result:
+    if not has_result or not row.averaged_over(setup.rank, setup.size):  # exscan's rank 0: undefined
         return 0
     ours, native = device.to_host(buffers.ours), device.to_host(buffers.native).copy()
     if row.reduces and setup.op == AVG:  # the native side summed; divide as mpiring's avg does
-        numpy.true_divide(native, setup.size, out=native)
+        numpy.true_divide(native, row.averaged_over(setup.rank, setup.size), out=native)
     return int(numpy.count_nonzero(ours != native))
 
 

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-d", "--dtype", default="float32", choices=dtype_names, metavar="DTYPE",
         help=f"element type (default float32): {', '.join(dtype_names)}")
     add("-o", "--op", default=SUM, choices=OPS,
-        help="reduction of reduce, allreduce, reduce_scatter (default sum)")
+        help="reduction of reduce, allreduce, reduce_scatter, scan, exscan (default sum)")
     add("-r", "--root", type=_nonnegative_int, default=0,
         help="root of broadcast, reduce, gather, scatter (default 0)")
     add("--device", default="cpu", choices=("cpu", "gpu"),

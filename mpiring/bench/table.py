@@ -27,6 +27,12 @@ Every ring algorithm sends only to its right neighbour (rank+1) and receives onl
     | gather         | count*typesize*n   | (n-1)/n    | blocks chained to the root, farthest first  |
     | scatter        | count*typesize*n   | (n-1)/n    | blocks chained from the root, farthest first|
     | barrier        | 0                  | -          | a 0-byte token around the ring twice        |
+    | alltoall       | count*typesize*n   | (n-1)/n    | n-1 shifts of one block (the pairwise       |
+    | alltoallv      | count*typesize*n   | (n-1)/n    |   exchange's bytes and messages, to rank+1) |
+    | scan, exscan   | count*typesize     | 1          | segments pipelined down the chain 0..n-1    |
+
+alltoallv runs with even counts, given on both sides (no count exchange), against Alltoallv.
+exscan's rank 0 has no result (MPI leaves it undefined), so its check skips that rank.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
+from mpiring.algorithms.scan_ring import SEGMENT_BYTES as SCAN_SEGMENT_BYTES
 from mpiring.bench.options import UsageError
 from mpiring.engine.partition import split_bounds
-from mpiring.ops import AVG, MAX, MIN, PROD, SUM
+from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM
 
 # One ceiling step: elements sent to the right neighbour, elements received from the left one.
 CeilingStep = tuple[int | None, int | None]
@@ -53,9 +60,11 @@ BROADCAST_SEGMENT_BYTES = 512 * 1024
 
 # mpi4py's native reductions. mpiring's avg is a sum divided by n afterwards, so the native side
 # runs a sum and the check divides (the division is not timed).
-NATIVE_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MIN: MPI.MIN, MAX: MPI.MAX, AVG: MPI.SUM}
+NATIVE_OPS = {SUM: MPI.SUM, PROD: MPI.PROD, MIN: MPI.MIN, MAX: MPI.MAX, AVG: MPI.SUM, BAND: MPI.BAND,
+              BOR: MPI.BOR, BXOR: MPI.BXOR, LAND: MPI.LAND, LOR: MPI.LOR, LXOR: MPI.LXOR}
 # NumPy reduces bools as logical or / and, but MPI allows only logical ops on C_BOOL.
-NATIVE_BOOL_OPS = {SUM: MPI.LOR, PROD: MPI.LAND, MIN: MPI.LAND, MAX: MPI.LOR}
+NATIVE_BOOL_OPS = {SUM: MPI.LOR, PROD: MPI.LAND, MIN: MPI.LAND, MAX: MPI.LOR, BAND: MPI.LAND, BOR: MPI.LOR,
+                   BXOR: MPI.LXOR, LAND: MPI.LAND, LOR: MPI.LOR, LXOR: MPI.LXOR}
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,9 @@ class Collective:
     reduces: bool = False  # takes --op
     rooted: bool = False  # takes --root
     in_place: bool = False  # the input buffer receives the result
+    # (rank, n) -> how many ranks' data this rank's result reduces: avg's divisor in the check,
+    # and 0 where the rank has no result to check
+    averaged_over: Callable[[int, int], int] = lambda rank, n: n
 
 
 def native_datatype(dtype: numpy.dtype, reduces: bool) -> MPI.Datatype:
@@ -123,6 +135,13 @@ def native_op(op: str, dtype: numpy.dtype) -> MPI.Op:
 
 def _typed(setup: Setup, buf: Any) -> list | None:
     return None if buf is None else [buf, setup.mpi_type]
+
+
+def _typed_v(setup: Setup, buf: Any, counts: tuple[int, ...]) -> list:
+    """A v-variant's buffer: `counts` in elements, as MPI counts them in setup.mpi_type (bytes
+    for the data movers)."""
+    scale = 1 if setup.mpi_type != MPI.BYTE else buf.itemsize
+    return [buf, [c * scale for c in counts], setup.mpi_type]
 
 
 # ---- ceiling schedules: the ring algorithms' messages, sizes in elements ---------------------
@@ -162,13 +181,14 @@ def _from_root(n: int, rank: int, root: int, sizes: list[int]) -> list[CeilingSt
     return [(block(q + n - 1 - t) if t >= q else None, block(q + n - 2 - t)) for t in range(q - 1, n - 1)]
 
 
-def _chain(n: int, rank: int, root: int, count: int, itemsize: int) -> list[CeilingStep]:
+def _chain(n: int, rank: int, root: int, count: int, itemsize: int,
+           segment_bytes: int = BROADCAST_SEGMENT_BYTES) -> list[CeilingStep]:
     """Pipelined broadcast chain: at step t, position q forwards segment t-q, receives t-q+1."""
     if n == 1:
         return []
     nbytes = count * itemsize
     # As the ring broadcast: segments only pay off when some rank both receives and forwards.
-    segments = 1 if n <= 2 or nbytes <= BROADCAST_SEGMENT_BYTES else -(-nbytes // BROADCAST_SEGMENT_BYTES)
+    segments = 1 if n <= 2 or nbytes <= segment_bytes else -(-nbytes // segment_bytes)
     seg = _chunks(count, segments)
     q, last = (rank - root) % n, n - 1
     first_step = 0 if q == 0 else q - 1
@@ -270,6 +290,44 @@ COLLECTIVES: dict[str, Collective] = {
             ours=lambda s, b: s.comm.barrier(algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Barrier(),
             ceiling=_token_laps,
+        ),
+        Collective(
+            "alltoall", per_rank=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c * n,
+            output_elems=lambda c, n, at_root: c * n,
+            ours=lambda s, b: s.comm.alltoall(b.x, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Alltoall(_typed(s, b.native_x), _typed(s, b.native)),
+            ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
+        ),
+        Collective(
+            "alltoallv", per_rank=True,
+            bus_factor=lambda n: (n - 1) / n,
+            input_elems=lambda c, n, at_root: c * n,
+            output_elems=lambda c, n, at_root: c * n,
+            ours=lambda s, b: s.comm.alltoallv(b.x, b.counts, b.counts, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Alltoallv(_typed_v(s, b.native_x, b.counts), _typed_v(s, b.native, b.counts)),
+            ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
+        ),
+        Collective(
+            "scan", per_rank=False, reduces=True,
+            bus_factor=lambda n: 1.0,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.scan(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Scan(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
+            ceiling=lambda n, r, root, c, size: _chain(n, r, 0, c, size, SCAN_SEGMENT_BYTES),
+            averaged_over=lambda rank, n: rank + 1,
+        ),
+        Collective(
+            "exscan", per_rank=False, reduces=True,
+            bus_factor=lambda n: 1.0,
+            input_elems=lambda c, n, at_root: c,
+            output_elems=lambda c, n, at_root: c,
+            ours=lambda s, b: s.comm.exscan(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            native=lambda s, b: s.mpi.Exscan(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
+            ceiling=lambda n, r, root, c, size: _chain(n, r, 0, c, size, SCAN_SEGMENT_BYTES),
+            averaged_over=lambda rank, n: rank,
         ),
     )
 }
