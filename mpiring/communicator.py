@@ -299,7 +299,7 @@ class Communicator(BufferAPI):
         backend = backend_for(x)
         x = check_array("gather", "x", x, backend, split=True)
         root = check_root("gather", root, self.size)
-        rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend, uniform_out=False)
+        rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend)
         call = self._call("gather", algorithm, timeout, x, None, root)
         body = partial(collectives.gather, self._ring, call=call, x=x, root=root, out=out, rows=rows)
         return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
@@ -307,30 +307,22 @@ class Communicator(BufferAPI):
     def _allgather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
         x = check_array("allgather", "x", x, backend, split=True)
-        rows = self._known_rows("allgather", x, out, counts, backend, uniform_out=True)
+        rows = self._known_rows("allgather", x, out, counts, backend)
         call = self._call("allgather", algorithm, timeout, x)
         body = partial(collectives.allgather, self._ring, call=call, x=x, out=out, rows=rows)
         return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
 
-    def _known_rows(self, collective: str, x: Any, out: Any, counts: Any, backend: Any,
-                    uniform_out: bool) -> list[int] | None:
-        """Every rank's row count when this rank knows them alone, else None (they are exchanged).
-
-        `counts=` gives them. For all-gather, an out= with size times x's rows says every rank
-        passes as many rows as this one. Either way the ranks must agree; a rank that exchanges
-        and one that does not use different tags (mpiring.identity), so they raise rather
-        than mix a layout with data.
-        """
+    def _known_rows(self, collective: str, x: Any, out: Any, counts: Any, backend: Any) -> list[int] | None:
+        """Every rank's row count when `counts=` gives them (the same list on every rank), else
+        None: they are exchanged. An out= cannot tell: one rank's rows times the world size may
+        equal the total of ragged rows, and a rank that skipped the exchange while the others
+        ran it would wait for ever (or, blocking, raise a mismatch)."""
         counts = check_counts(collective, counts, self.size)
-        if counts is not None:
-            if x.shape[0] != counts[self.rank]:
-                raise ArgumentError(collective, "counts", f"gives rank {self.rank} {counts[self.rank]} rows "
-                                    f"but its x has {x.shape[0]}")
-        elif (uniform_out and out is not None and backend.is_array(out) and out.ndim == x.ndim
-              and out.shape[0] == self.size * x.shape[0]):
-            counts = [x.shape[0]] * self.size
-        else:
+        if counts is None:
             return None
+        if x.shape[0] != counts[self.rank]:
+            raise ArgumentError(collective, "counts", f"gives rank {self.rank} {counts[self.rank]} rows "
+                                f"but its x has {x.shape[0]}")
         check_out(collective, out, (sum(counts), *x.shape[1:]), x.dtype, backend)
         return list(counts)
 
@@ -449,8 +441,7 @@ class Communicator(BufferAPI):
         """Every rank gets every rank's `x` concatenated along axis 0 in rank order.
 
         Ranks may pass different numbers of rows. `counts=` (every rank's rows, the same on every
-        rank), or an `out=` with size times x's rows on every rank (every rank passes as many
-        rows), saves the exchange of row counts.
+        rank) saves the exchange of row counts.
         """
         return self._blocking("allgather", x, out, None, None, _key(counts), algorithm, timeout)
 

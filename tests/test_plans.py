@@ -71,7 +71,7 @@ def _calls(comm, algorithm, seed, rows):
         "reduce": lambda: comm.reduce(x, op="max", root=root, out=full, algorithm=algo("reduce")),
         "broadcast": lambda: comm.broadcast(x, root=root, out=full, algorithm=algo("broadcast")),
         "reduce_scatter": lambda: comm.reduce_scatter(x, out=part, algorithm=algo("reduce_scatter")),
-        "allgather": lambda: comm.allgather(block, out=whole, algorithm=algo("allgather")),
+        "allgather": lambda: comm.allgather(block, out=whole, counts=counts, algorithm=algo("allgather")),
         "gather": lambda: comm.gather(block, root=root, out=whole, counts=counts, algorithm=algo("gather")),
         "scatter": lambda: comm.scatter(x, root=root, out=part, counts=counts, algorithm=algo("scatter")),
         "alltoall": lambda: comm.alltoall(x, out=full, algorithm=algo("alltoall")),

@@ -258,7 +258,7 @@ COLLECTIVES: dict[str, Collective] = {
             bus_factor=lambda n: (n - 1) / n,
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c * n,
-            ours=lambda s, b: s.comm.allgather(b.x, out=b.ours, algorithm=s.algorithm),
+            ours=lambda s, b: s.comm.allgather(b.x, out=b.ours, counts=b.counts, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Allgather(_typed(s, b.native_x), _typed(s, b.native)),
             ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
         ),
