@@ -50,13 +50,6 @@ RSS_SLACK = 64 << 20  # bytes RSS may grow after warm-up: generous, it catches l
 COLLECTIVES = list(ALGORITHMS)
 DTYPES = sorted(SUPPORTED_DTYPES, key=lambda d: d.name)  # a set: sort it so every rank draws alike
 REDUCTIONS = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
-# OPEN: with all-to-all and the scans in the stream, the quick tier hangs at 8 ranks (an
-# allgather times out waiting for a rank; seed 20261121, around ops #82-#100), also when they are
-# drawn only as blocking calls; at 2, 3 and 4 ranks it passes. Until that is explained they are
-# left out of the stream at 8 ranks (their own tests, tests/test_alltoall_scan.py, pass at 8).
-NEW_COLLECTIVES = ("alltoall", "alltoallv", "scan", "exscan")
-if N >= 8:
-    COLLECTIVES = [c for c in COLLECTIVES if c not in NEW_COLLECTIVES]
 
 
 def _ops_for(dtype: np.dtype) -> list[str]:
