@@ -201,6 +201,8 @@ def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: st
     r = ring.rank
     shape = (rows[r + 1] - rows[r], *x.shape[1:])
     check_out("reduce_scatter", out, shape, x.dtype, backend)
+    if is_bfloat16(x.dtype):
+        return (yield from in_float32(reduce_scatter, ring, backend, call, x, out, op=op, counts=counts))
     target = Output(backend, out, shape, x.dtype, source=x)
     bounds = [b * _row_size(x.shape) for b in rows]
     algorithm = _algorithm(ring, call, x.nbytes)

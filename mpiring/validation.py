@@ -46,7 +46,7 @@ def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, sp
 
 
 # The reductions that reduce bfloat16 in float32 (mpiring.collectives.in_float32).
-WIDENING = ("reduce", "allreduce", "scan", "exscan")
+WIDENING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
 
 
 def check_op(collective: str, op: Any, dtype: Any) -> str:

@@ -110,10 +110,21 @@ def test_data_movers_carry_bfloat16(comm):
                                                 _input(5, 0, 2 * N), N)[RANK].view(np.uint16))
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "ring_pipelined", "recursive_halving"])
+def test_reduce_scatter_rounds_once_with_and_without_counts(comm, algorithm):
+    for seed, rows in enumerate((0, N, 3 * N + 1)):
+        inputs = [_input(seed, k, rows) for k in range(N)]
+        exact = _exact(inputs).astype(BF16).astype(np.float32)  # the exact sum, rounded once
+        got = comm.reduce_scatter(inputs[RANK], algorithm=algorithm)
+        assert got.dtype == BF16 and np.array_equal(got.astype(np.float32), np.array_split(exact, N)[RANK])
+        counts = [rows] + [0] * (N - 1)  # everything to rank 0
+        out = np.empty(counts[RANK], BF16)
+        comm.reduce_scatter(inputs[RANK], out=out, counts=counts, algorithm=algorithm)
+        assert np.array_equal(out.astype(np.float32), exact if RANK == 0 else exact[:0])
+
+
 def test_what_cannot_take_bfloat16_says_so(comm):
     x = _input(1, RANK, 4)
-    with pytest.raises(mpiring.ArgumentTypeError, match="bfloat16 is not reduced by this collective"):
-        comm.reduce_scatter(x)
     with pytest.raises(mpiring.ArgumentTypeError, match="integer or bool"):
         comm.allreduce(x, op="band")
     assert comm.allreduce(np.ones(2)).tolist() == [N, N]
