@@ -61,7 +61,7 @@ def of_algorithm(collective: str, algorithm: str) -> int:
 def describe(identity: int, size: int) -> str:
     """A call identity in words, e.g. `allreduce (float32, op sum, algorithm ring)`; `size` is
     the world size (a root above 7 is only known mod 8)."""
-    if identity == NOTICE:
+    if identity >> _COLLECTIVE_SHIFT == NOTICE >> _COLLECTIVE_SHIFT:
         return "a notice that its blocking call raised there"
     index = identity >> _COLLECTIVE_SHIFT
     collective = NAMES[index] if index < len(NAMES) else "a collective this rank does not know"

@@ -24,7 +24,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.tags import NOTICE, Tags
+from mpiring.engine.tags import Tags
 from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseError, MessageMismatchError
 
 # Tags (which receive may match which message) are laid out in mpiring.engine.tags.
@@ -345,15 +345,16 @@ class Ring:
     def foreign_message(self, step: Step, call: Call) -> tuple[int, int] | None:
         """(source, tag) of the first message a peer whose receive in `step` is still pending has
         sent with another blocking call's tag, if any. It only looks (Iprobe), except that it
-        takes notices of an older generation (a call that raised on this rank too) out of the way."""
+        takes out of the way notices from a failure count other than this rank's (calls that raised
+        on this rank too, or long ago)."""
         status = MPI.Status()
-        generation = self.tags.split(self.blocking_tag(0))[0]  # this rank's
+        own_notice = self.tags.notice(self.failures)  # a peer that left a call of this rank's generation
         for index, _, source in step.receives:
             while not step.requests[index].Get_status() and self.comm.Iprobe(source, MPI.ANY_TAG, status):
                 tag = status.Get_tag()
                 if tag == call.tag or not self.tags.is_blocking(tag):
                     break
-                if self.tags.split(tag) == (generation, NOTICE) or self.tags.split(tag)[1] != NOTICE:
+                if tag == own_notice or not self.tags.is_notice(tag):
                     return source, tag
                 self.comm.Recv([_NOTHING, 0, MPI.BYTE], source, tag)  # a notice of a call this rank left too
         return None
@@ -362,11 +363,17 @@ class Ring:
         """This rank's blocking call raised and it moves on (Ring.failures): tell every other rank
         with an empty message on the notice tag of the generation it leaves, so a peer waiting for
         it in that call, or in any later call of that generation, raises at once (foreign_message)
-        rather than at its timeout. Ranks that raised too take the notice out of the way."""
-        tag = self.blocking_tag(NOTICE)
+        rather than at its timeout. The notices of that generation the peers sent this rank (they
+        raised too) are taken out of the way now, or by a later look."""
+        tag = self.tags.notice(self.failures)
+        if tag is None:
+            return
         self.notices = [request for request in self.notices if not request.Test()]
         self.notices += [self.comm.Isend([_NOTHING, 0, MPI.BYTE], peer, tag)
                          for peer in range(self.size) if peer != self.rank]
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+            self.comm.Recv([_NOTHING, 0, MPI.BYTE], status.Get_source(), tag)
 
     def mismatch(self, call: Call, source: int, tag: int) -> MessageMismatchError:
         """The error for a message of another call from `source`, naming both calls."""
@@ -376,7 +383,7 @@ class Ring:
         call_words = f"{call.collective} ({call.algorithm})" if our_identity is None else self.describe(our_identity,
                                                                                                          self.size)
         waits = f"this rank waits in {call_words} (call {self.calls} here)"
-        if their_identity == NOTICE:
+        if self.tags.is_notice(tag):
             return MessageMismatchError(call.collective, f"rank {source} raised in a blocking call and left it "
                                         f"(see the error there) while {waits}")
         what = f"rank {source} sent a message of {self.describe(their_identity, self.size)}"

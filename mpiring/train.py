@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 import mpiring
 from mpiring.launch import RankZeroArgumentParser, launcher_rank
@@ -122,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = mpiring.Communicator(timeout=args.timeout) if args.timeout else mpiring.Communicator()
     say = print if comm.rank == 0 else None
+    bar = None
+    if comm.rank == 0 and sys.stdout.isatty():  # a terminal: a bar between the logged lines
+        say, bar = _terminal_lines()
     config = TrainConfig(
         strategy=args.strategy, model=args.model, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
         dtype=args.dtype, device=args.device, preset=args.preset, context=args.context,
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingError as error:
             problem = error
         agree(comm, problem)
-        result = train(config, comm, text, log=say)
+        result = train(config, comm, text, log=say, progress=bar)
         report = summarize(result, comm)
     except TrainingError as error:
         if comm.rank == 0:
@@ -203,3 +207,17 @@ def _abort(code: int) -> None:
 
 if __name__ == "__main__":
     sys.exit(run())
+
+
+def _terminal_lines() -> tuple[Callable[[str], None], Callable[[int, int, float], None]]:
+    """A log that first clears the bar, and the bar: one line redrawn in place."""
+
+    def say(line: str) -> None:
+        print("\r\033[K" + line, flush=True)
+
+    def bar(step: int, steps: int, loss: float) -> None:
+        done = 30 * step // max(steps, 1)
+        sys.stdout.write(f"\r\033[Kstep {step}/{steps} [{'#' * done}{'.' * (30 - done)}] loss {loss:.4f}")
+        sys.stdout.flush()
+
+    return say, bar

@@ -76,3 +76,13 @@ def test_blocking_tags_keep_generation_and_identity_apart(tag_ub):
     sequence = tags.sequence(7)
     assert tags.with_identity(sequence, 0x70) == sequence and not tags.is_blocking(sequence)
     assert not tags.is_blocking(tags.persistent(7)) and not tags.is_blocking(tags.blocking(0, 0) + tags.ack_offset)
+
+
+def test_notices_carry_the_failure_count_beyond_the_generations():
+    tags = Tags(MPICH)
+    first, wrapped = tags.notice(5), tags.notice(5 + tags._generations)  # the same generation
+    assert tags.is_notice(first) and tags.is_notice(wrapped) and first != wrapped
+    assert tags.split(first)[0] == tags.split(wrapped)[0]
+    assert not tags.is_notice(tags.blocking(5, 0xB0000)) and not tags.is_notice(tags.sequence(5))
+    assert identity.describe(tags.split(first)[1], 4) == "a notice that its blocking call raised there"
+    assert Tags(None).notice(5) is None  # no room for identities: no notices

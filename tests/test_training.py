@@ -88,6 +88,16 @@ def test_every_strategy_matches_one_process(comm, alone, model, strategy, dtype,
     assert result.losses[-1] < result.losses[0]
 
 
+def test_a_progress_bar_fills_the_steps_between_logged_lines(comm):
+    lines, bars = [], []
+    config = replace(TINY, steps=7, log_every=3)
+    result = train(config, comm, TEXT, log=lines.append, progress=lambda *step: bars.append(step))
+    logged = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in logged] == ["3/7", "6/7", "7/7"]
+    assert [(step, steps) for step, steps, _ in bars] == [(1, 7), (2, 7), (4, 7), (5, 7)]
+    assert [loss for _, _, loss in bars] == [result.losses[k - 1] for k in (1, 2, 4, 5)]
+
+
 def test_plain_sgd_matches_one_process(comm, alone):
     config = replace(TINY, strategy="zero3", momentum=0.0, steps=4)
     result = train(config, comm, TEXT)

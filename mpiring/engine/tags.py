@@ -27,9 +27,12 @@ layout-round bit is kept.
 from __future__ import annotations
 
 IDENTITY_BITS = 20
-# The identity of a notice: an empty message a rank sends every other rank on its blocking tags
-# when a blocking call raised there (Ring.leave_notice); no collective has its code (15).
+# A notice: an empty message a rank sends every other rank on its blocking tags when a blocking
+# call raised there (Ring.leave_notice). Its identity is NOTICE (a collective code no collective
+# has, 15) plus the rank's count of failed calls mod 2^16, so a notice is only taken for one of
+# this rank's own generation for 65536 failures, not 2^7 (generations wrap sooner).
 NOTICE = 15 << 16
+_NOTICE_COUNT = (1 << 16) - 1
 MIN_TAG_UB = 32767  # the MPI standard's least MPI_TAG_UB
 _MIN_GENERATIONS = 16  # identities are kept in the tag only if at least this many generations fit
 
@@ -59,6 +62,16 @@ class Tags:
         """The tag of a blocking call of `identity` after `failures` failed calls on this rank."""
         generation = failures % self._generations
         return self._blocking + (generation << self.identity_bits) + (identity & self._identity_mask)
+
+    def notice(self, failures: int) -> int | None:
+        """The tag of a notice from a rank that has seen `failures` failed calls (None where the
+        tag space has no room for identities: no notices there)."""
+        if self.identity_bits < IDENTITY_BITS:
+            return None
+        return self.blocking(failures, NOTICE | failures & _NOTICE_COUNT)
+
+    def is_notice(self, tag: int) -> bool:
+        return self.is_blocking(tag) and self.split(tag)[1] >> 16 == NOTICE >> 16
 
     def is_blocking(self, tag: int) -> bool:
         return self._blocking <= tag < self.ack_offset

@@ -207,11 +207,13 @@ def _resume(config: TrainConfig, strategy: Strategy, meta: dict[str, Any], log: 
     raise failures[0]
 
 
-def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] | None = None) -> TrainResult:
+def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] | None = None,
+          progress: Callable[[int, int, float], None] | None = None) -> TrainResult:
     """Collective: run `config` on the ranks of `comm` (an mpiring.Communicator) over `text`.
 
-    `log` receives progress lines (pass print on rank 0 only). Settings or data that cannot be
-    used raise TrainingError on every rank, before any step.
+    `log` receives progress lines (pass print on rank 0 only); `progress(step, steps, loss)`, if
+    given, is called after every step that logs no line (a terminal's progress bar). Settings or
+    data that cannot be used raise TrainingError on every rank, before any step.
     """
     log = log or (lambda line: None)
     problem: Exception | None = None
@@ -264,6 +266,8 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
             log(f"step {step + 1:>5}/{config.steps}  loss {loss:.4f}  {predictions / seconds:>8,.0f} tokens/s  "
                 f"step {seconds * 1e3:6.1f} ms = compute {(seconds - waited) * 1e3:6.1f} + comm waited "
                 f"{waited * 1e3:5.1f} (hidden {hidden * 1e3:5.1f})  {sent_mb:.3f} MB sent/rank")
+        elif progress is not None:
+            progress(step + 1, config.steps, loss)
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             log(f"checkpoint {checkpoint.save(config.checkpoint_dir, step + 1, strategy, meta, losses, config.keep)}")
     result.memory = strategy.memory.snapshot()
