@@ -185,11 +185,25 @@ class Communicator(BufferAPI):
         self._ring.claim(collective)
         taken = self._ring.calls
         try:
+            if self._ring.in_flight:
+                self._check_aliasing(collective, args[0], args[1])
             return getattr(self, "_" + collective)(*args)  # _allreduce and the like, below
         except BaseException:
             if self._ring.calls == taken:
                 self._ring.next_tag()
             raise
+
+    def _check_aliasing(self, collective: str, x: Any, out: Any) -> None:
+        """Refuse a call whose output overlaps an array of a collective still in flight, or whose
+        input overlaps such a collective's output: the two would race on each rank, and the ranks
+        would disagree. Reading one array in two calls is fine. Host (NumPy) arrays only."""
+        for request in self._ring.in_flight:
+            their_x, their_out = request.arrays
+            for mine, name, theirs, what in ((out, "out", their_x, "input"), (out, "out", their_out, "output"),
+                                             (x, "x", their_out, "output")):
+                if _overlap(mine, theirs):
+                    raise ArgumentError(collective, name, f"shares memory with the {what} of a nonblocking "
+                                        "collective still in flight: wait() for it first (the ranks would disagree)")
 
     def _blocking(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any, algorithm: Any,
                   timeout: Any) -> Any:
@@ -208,6 +222,8 @@ class Communicator(BufferAPI):
                     and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))):
                 plans.move_to_end(key)  # least recently used is evicted first
                 ring.calls += 1  # keeps the ranks' sequence numbers together, as a built call does
+                if ring.in_flight:
+                    self._check_aliasing(collective, x, out)
                 if self._check is not None:
                     self._check.compare(known.call, *known.call.checked)
                 return run_plan(ring, known, self.timeout if timeout is None else check_timeout(collective, timeout))
@@ -237,6 +253,7 @@ class Communicator(BufferAPI):
     def _start(self, collective: str, *args: Any) -> CollectiveRequest:
         try:
             built = self._build(collective, *args)
+            built.call.arrays = (args[0], args[1])  # x, out
             return CollectiveRequest(self._ring, built.body(built.backend), built.call)
         except BaseException:
             self._failed()
@@ -255,10 +272,14 @@ class Communicator(BufferAPI):
             self._failed()
             raise
 
+        call.arrays = (x, out)
+
         def started() -> None:  # what every call checks, for each start
             self._usable(call.collective)
             ring.claim(call.collective)
             ring.calls += 1
+            if ring.in_flight:
+                self._check_aliasing(call.collective, x, out)
             if self._check is not None:
                 self._check.compare(call, *call.checked)
 
@@ -633,6 +654,17 @@ def _counts_pair(send_counts: Any, recv_counts: Any) -> tuple[Any, Any]:
 def _caller_arrays(x: Any, out: Any) -> bool:
     """Whether the caller's own x and out (not arrays made from them) are what a plan would hold."""
     return (x is None or type(x) is _NDARRAY) and (out is None or type(out) is _NDARRAY)
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two host arrays share memory (exactly, within a bounded effort; beyond it, when
+    their address ranges overlap)."""
+    if a.__class__ is not _NDARRAY or b.__class__ is not _NDARRAY or not numpy.may_share_memory(a, b):
+        return False
+    try:
+        return bool(numpy.shares_memory(a, b, max_work=10_000))
+    except numpy.exceptions.TooHardError:
+        return True
 
 
 def _key(counts: Any) -> Any:

@@ -86,6 +86,7 @@ class Call:
     timeout: float | None = None
     step: int = 0  # steps completed so far
     checked: tuple = ()  # (x, op, root) as the consistency check (MPIRING_CHECK) compares them
+    arrays: tuple = (None, None)  # a nonblocking or persistent call's (x, out), for the aliasing check
 
 
 Steps = Generator[Step, None, Any]
@@ -522,6 +523,11 @@ class CollectiveRequest:
         self._advance()
         if not self._done:
             ring.in_flight.append(self)
+
+    @property
+    def arrays(self) -> tuple:
+        """The (x, out) the call was given (Communicator's aliasing check)."""
+        return self._call.arrays
 
     def _advance(self) -> None:
         try:

@@ -98,6 +98,12 @@ ROWS: list[Row] = [
         "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
         "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "
         "is now broken on this rank`; no call returns another thread's data. One communicator per thread works"),
+    Row("aliasing", "an array in two collectives in flight at once: the output of a nonblocking call (or its "
+        "in-place array) passed again as an output, or as the input of a later call, blocking or not",
+        "`ArgumentError` at the second call, before any message moves: `allreduce: argument 'out': shares "
+        "memory with the output of a nonblocking collective still in flight: wait() for it first (the ranks "
+        "would disagree)`; the call in flight completes normally, and two calls may read one array. Host "
+        "(NumPy) arrays only: device arrays are not checked", min_ranks=2),
     Row("result-early", "`request.result` read before `test()` returned True or `wait()` returned",
         "`RuntimeError`: `allreduce is still in flight: call wait() or test() first`", min_ranks=2),
     # ---- ranks that disagree ----

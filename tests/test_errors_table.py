@@ -276,6 +276,25 @@ def _(comm):
     _usable(comm)
 
 
+@row("aliasing")
+def _(comm):
+    inplace, out, shared = np.ones(4), np.empty(4), np.arange(4.0)
+    first = comm.iallreduce(inplace, out=inplace)
+    second = comm.ibroadcast(np.full(4, 7.0), out=out)
+    for call, argument, what in ((lambda: comm.iallreduce(inplace, out=inplace), "out", "input"),
+                                 (lambda: comm.allreduce(out), "x", "output"),
+                                 (lambda: comm.reduce(shared[:2], out=out[1:3]), "out", "output")):
+        with pytest.raises(mpiring.ArgumentError, match=f"shares memory with the {what} of a nonblocking") as caught:
+            call()
+        assert caught.value.argument == argument
+    readers = comm.iallreduce(shared, out=np.empty(4)), comm.iallreduce(shared, out=np.empty(4))  # reading is fine
+    np.testing.assert_array_equal(first.wait(), np.full(4, float(N)))
+    np.testing.assert_array_equal(second.wait(), np.full(4, 7.0))
+    for request in readers:
+        np.testing.assert_array_equal(request.wait(), np.arange(4.0) * N)
+    _usable(comm)
+
+
 @row("threads")
 def _(comm):
     import threading

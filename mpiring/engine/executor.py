@@ -126,6 +126,11 @@ class PersistentRequest:
         self._running = False
         self._freed = False
 
+    @property
+    def arrays(self) -> tuple:
+        """The (x, out) the request was made with (Communicator's aliasing check)."""
+        return self._call.arrays
+
     def start(self) -> None:
         """Begin a run (the previous one must have completed)."""
         collective = self._call.collective
