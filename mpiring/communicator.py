@@ -30,7 +30,7 @@ from mpiring.errors import (
 )
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
-from mpiring.ring import Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
+from mpiring.ring import POOL_BYTES, Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
 from mpiring.selection import read_environment
 from mpiring.validation import (
     check_algorithm,
@@ -103,6 +103,7 @@ class Communicator(BufferAPI):
             ) from error
         self._ring = Ring(private)
         self._ring.describe = identity.describe
+        self._ring.pool_bytes = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
@@ -144,6 +145,7 @@ class Communicator(BufferAPI):
         if not self._freed:
             self._freed = True
             self._plans.clear(keep=self._ring.abandoned)
+            self._ring.release_scratch()
             if not self._ring.failures:
                 self._ring.comm.Free()
 

@@ -30,9 +30,11 @@ from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseE
 # Tags (which receive may match which message) are laid out in mpiring.engine.tags.
 
 # Scratch pool: arrays from this size up are kept for reuse, at most this many per backend
-# (enough for a few nonblocking collectives in flight at once).
+# (enough for a few nonblocking collectives in flight at once), and at most POOL_BYTES in all
+# per backend unless MPIRING_SCRATCH_BYTES says otherwise (Ring.pool_bytes).
 _POOL_FROM_BYTES = 64 * 1024
 _POOL_BUFFERS = 4
+POOL_BYTES = 256 << 20
 
 # A timed wait offers the core between tests this long, then pauses between them (Ring.poll).
 _YIELD_SECONDS = 10e-3
@@ -95,12 +97,13 @@ Steps = Generator[Step, None, Any]
 class Scratch:
     """The context manager `Ring.scratch` returns (a plain class: small collectives are paid in
     Python time). On a clean exit a pooled buffer goes back to its pool, the smallest dropped
-    when the pool is full; on an exception (MPI may still write to it) it is left to the GC."""
+    when the pool holds too many or too many bytes; on an exception (MPI may still write to it)
+    it is left to the GC."""
 
-    __slots__ = ("array", "_raw", "_pool")
+    __slots__ = ("array", "_raw", "_pool", "_limit")
 
-    def __init__(self, array: Any, raw: Any = None, pool: list[Any] | None = None) -> None:
-        self.array, self._raw, self._pool = array, raw, pool
+    def __init__(self, array: Any, raw: Any = None, pool: list[Any] | None = None, limit: int = 0) -> None:
+        self.array, self._raw, self._pool, self._limit = array, raw, pool, limit
 
     def __enter__(self) -> Any:
         return self.array
@@ -109,7 +112,7 @@ class Scratch:
         pool = self._pool
         if kind is None and pool is not None:
             pool.append(self._raw)
-            if len(pool) > _POOL_BUFFERS:
+            while len(pool) > _POOL_BUFFERS or sum(buf.nbytes for buf in pool) > self._limit:
                 del pool[min(range(len(pool)), key=lambda i: pool[i].nbytes)]
 
 
@@ -141,6 +144,7 @@ class Ring:
         self.node_local = False
         self.calls = 0  # collective calls made so far; each took a tag
         self._spare: dict[str, list[Any]] = {}  # scratch buffers kept for reuse, by backend
+        self.pool_bytes = POOL_BYTES  # the most bytes of scratch kept per backend (MPIRING_SCRATCH_BYTES)
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
         self.in_flight: list[CollectiveRequest] = []
         # why this rank may have messages of an abandoned call in flight (the Communicator then
@@ -183,12 +187,16 @@ class Ring:
         finished cleanly returns its buffer: after an error or timeout MPI may still write to it.
         """
         nbytes = count * backend.xp.dtype(dtype).itemsize
-        if nbytes < _POOL_FROM_BYTES or self.recorder is not None:  # a plan keeps its own scratch
+        if not _POOL_FROM_BYTES <= nbytes <= self.pool_bytes or self.recorder is not None:  # plans keep their own
             return Scratch(backend.empty(count, dtype))
         spare = self._spare.setdefault(backend.name, [])
         fitting = [i for i, buf in enumerate(spare) if buf.nbytes >= nbytes]
         raw = spare.pop(min(fitting, key=lambda i: spare[i].nbytes)) if fitting else backend.empty(nbytes, "uint8")
-        return Scratch(raw[:nbytes].view(dtype), raw, spare)
+        return Scratch(raw[:nbytes].view(dtype), raw, spare, self.pool_bytes)
+
+    def release_scratch(self) -> None:
+        """Let the pooled scratch buffers go (Communicator.free)."""
+        self._spare.clear()
 
     def position(self, root: int) -> int:
         """Distance from `root` along the ring (root is 0, its right neighbour 1, ...)."""
