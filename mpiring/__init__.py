@@ -13,6 +13,7 @@ share_cores_among_local_ranks()
 
 from mpiring.communicator import Communicator  # noqa: E402
 from mpiring.cuda_detection import cuda_aware, cuda_awareness  # noqa: E402
+from mpiring.engine.transport import Traffic  # noqa: E402
 from mpiring.errors import (  # noqa: E402
     ArgumentError,
     ArgumentTypeError,
@@ -27,7 +28,6 @@ from mpiring.errors import (  # noqa: E402
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
 from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM  # noqa: E402
-from mpiring.ring import Traffic  # noqa: E402
 
 __version__ = "0.1.0"
 

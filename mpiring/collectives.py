@@ -18,8 +18,9 @@ from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, split_bounds
+from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, CollectiveMismatchError
-from mpiring.ring import Call, Ring, Steps
+from mpiring.ring import Ring
 from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 

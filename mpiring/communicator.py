@@ -19,8 +19,11 @@ from mpi4py import MPI
 from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
-from mpiring.engine.executor import PersistentRequest, run_plan
+from mpiring.engine.executor import CollectiveRequest, PersistentRequest, run_plan, run_to_end
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
+from mpiring.engine.scratch import POOL_BYTES
+from mpiring.engine.transport import Call, Steps, Traffic
+from mpiring.engine.waiting import leave_notice
 from mpiring.errors import (
     ArgumentError,
     CommunicationError,
@@ -30,7 +33,7 @@ from mpiring.errors import (
 )
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
-from mpiring.ring import POOL_BYTES, Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
+from mpiring.ring import Ring
 from mpiring.selection import read_environment
 from mpiring.validation import (
     check_algorithm,
@@ -103,7 +106,7 @@ class Communicator(BufferAPI):
             ) from error
         self._ring = Ring(private)
         self._ring.describe = identity.describe
-        self._ring.pool_bytes = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
+        self._ring.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
@@ -145,7 +148,7 @@ class Communicator(BufferAPI):
         if not self._freed:
             self._freed = True
             self._plans.clear(keep=self._ring.abandoned)
-            self._ring.release_scratch()
+            self._ring.scratch_pool.clear()
             if not self._ring.failures:
                 self._ring.comm.Free()
 
@@ -242,7 +245,7 @@ class Communicator(BufferAPI):
             return run_to_end(ring, built.body(built.backend), call)
         except BaseException as error:
             if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
-                ring.leave_notice()
+                leave_notice(ring)
             self._failed()
             raise
 

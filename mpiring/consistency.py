@@ -49,8 +49,10 @@ import numpy
 from mpiring import environment
 from mpiring.backend import NUMPY, dtype_token
 from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
+from mpiring.engine.executor import run_to_end
+from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentTypeError, CollectiveMismatchError
-from mpiring.ring import Call, Ring, Steps, run_to_end
+from mpiring.ring import Ring
 
 # Collective calls take tags from 1 up (Ring.next_tag), never 0: 0 is the check's own.
 CHECK_TAG = 0

@@ -2,7 +2,7 @@
 
 Ranks that call different collectives, or the same one with different dtypes, ops, roots or
 algorithms, then post receives no message of the other call can match: instead of mixing the
-calls' data, each rank waits, and while it waits (Ring.poll) it sees the foreign message and
+calls' data, each rank waits, and while it waits (mpiring.engine.waiting) it sees the foreign message and
 raises `MessageMismatchError` naming both calls. Fields, from the lowest bit:
 
     layout round  1 bit   gather, all-gather and scatter that exchange a layout first

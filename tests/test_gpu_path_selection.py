@@ -35,6 +35,8 @@ from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 import mpiring
 import mpiring.gpu
 from mpiring.backend import NUMPY, backend_for, is_device_array
+from mpiring.engine.transport import Call
+from mpiring.engine.waiting import complete, is_complete
 from mpiring.errors import ArgumentError, CollectiveTimeout, CommunicationError
 from mpiring.gpu.staging import (
     DEFAULT_SEGMENT_BYTES,
@@ -44,7 +46,7 @@ from mpiring.gpu.staging import (
     segment_bounds,
     segment_bytes_from_env,
 )
-from mpiring.ring import Call, Ring
+from mpiring.ring import Ring
 
 # fetch the module itself (mpiring.cuda_aware is the exported function)
 cuda_aware_module = importlib.import_module("mpiring.cuda_detection")
@@ -342,7 +344,7 @@ def test_staged_self_transfer_moves_the_bytes_and_only_host_memory(self_ring, dt
     backend = staged_backend(log, delay=2, segment_bytes=64)
     data = to_device(rank_input(count, 0, count, dtype))
     target = to_device(np.zeros(count, dtype))
-    ring.complete(ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
+    complete(ring, ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
     assert_same(np.asarray(target), np.asarray(data), f"self transfer {dtype} x {count}")
     assert ring.comm.buffers and all(kind is np.ndarray for kind in ring.comm.buffers)
     assert ring.traffic.bytes_sent == data.nbytes == ring.traffic.bytes_received and ring.traffic.messages == 1
@@ -354,7 +356,7 @@ def test_staged_pipeline_order(self_ring):
     backend = staged_backend(log, delay=2, segment_bytes=64)
     data = to_device(np.arange(100, dtype=np.float32))  # 400 bytes: 7 segments
     target = to_device(np.zeros(100, np.float32))
-    ring.complete(ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
+    complete(ring, ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
     assert_same(np.asarray(target), np.asarray(data), "pipelined transfer")
 
     names = [entry[0] for entry in log]
@@ -378,7 +380,7 @@ def test_staged_pool_is_reused_across_steps(self_ring):
     data = to_device(np.arange(1000, dtype=np.float64))
     target = to_device(np.zeros(1000))
     for round_ in range(8):
-        ring.complete(ring.post(backend, round_, sends=[(data, 0)], receives=[(target, 0)]), _call())
+        complete(ring, ring.post(backend, round_, sends=[(data, 0)], receives=[(target, 0)]), _call())
         if round_ == 2:
             warm = backend.pool.allocations
     # a send and a receive block, plus one while a receive block's H2D copies may still run
@@ -391,7 +393,7 @@ def test_receive_blocks_wait_for_their_copies(self_ring):
     ring, log = self_ring
     backend = staged_backend(log, delay=3, segment_bytes=64)
     data, target = to_device(np.arange(25, dtype=np.float32)), to_device(np.zeros(25, np.float32))
-    ring.complete(ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
+    complete(ring, ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
     pool = backend.pool
     assert pool.allocations == 2 and pool.idle_blocks() == 2
     pool.acquire(100)  # the send block: free as soon as its Isends completed
@@ -405,7 +407,7 @@ def test_one_copy_for_a_buffer_sent_to_several_ranks(self_ring):
     data = to_device(np.arange(40, dtype=np.int32))  # 160 bytes: 3 segments
     targets = [to_device(np.zeros(40, np.int32)) for _ in range(2)]
     step = ring.post(backend, 1, sends=[(data, 0), (data, 0)], receives=[(t, 0) for t in targets])
-    ring.complete(step, _call("broadcast"))
+    complete(ring, step, _call("broadcast"))
     for target in targets:
         assert_same(np.asarray(target), np.asarray(data), "fan-out")
     assert [entry[0] for entry in log].count("d2h") == 3
@@ -419,7 +421,7 @@ def test_staged_nonblocking_progress(self_ring):
     step = ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)])
     call = _call()
     polls = 0
-    while not ring.is_complete(step, call):
+    while not is_complete(ring, step, call):
         polls += 1
         assert polls < 1000
     assert polls > 0 and call.step == 1
@@ -431,7 +433,7 @@ def test_staged_timeout_names_the_missing_peer(self_ring):
     backend = staged_backend(log, segment_bytes=64)
     step = ring.post(backend, 7, receives=[(to_device(np.zeros(40, np.float32)), 0)])
     with pytest.raises(CollectiveTimeout, match="receive from rank 0"):
-        ring.complete(step, _call(timeout=0.05))
+        complete(ring, step, _call(timeout=0.05))
     for request in step.requests:  # leave nothing behind on the communicator
         if request:
             request.Cancel()
@@ -445,7 +447,7 @@ def test_staged_size_mismatch_raises(self_ring, sent, expected):
     data, target = to_device(np.zeros(sent, np.uint8)), to_device(np.zeros(expected, np.uint8))
     step = ring.post(backend, 3, sends=[(data, 0)], receives=[(target, 0)])
     with pytest.raises(CommunicationError):
-        ring.complete(step, _call())
+        complete(ring, step, _call())
     for request in step.requests:
         if request:
             request.Cancel()
@@ -470,7 +472,7 @@ def test_direct_path_synchronizes_before_mpi_touches_device_memory():
         data = backend.empty(50, np.float64)
         backend.copy(data, to_device(np.arange(50.0)))  # a kernel writes the send buffer
         target = backend.empty(50, np.float64)
-        ring.complete(ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
+        complete(ring, ring.post(backend, 1, sends=[(data, 0)], receives=[(target, 0)]), _call())
     finally:
         comm.Free()
     assert_same(np.asarray(target), np.arange(50.0), "direct transfer")

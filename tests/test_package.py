@@ -51,18 +51,18 @@ def test_scratch_pool_reuses_large_buffers_only_after_a_clean_exit():
     ring = Ring(MPI.COMM_SELF)
     with ring.scratch(NUMPY, 10, np.float32) as small:
         assert small.shape == (10,) and small.dtype == np.float32
-    assert ring._spare.get("numpy", []) == []  # small buffers are not pooled
+    assert ring.scratch_pool._spare.get("numpy", []) == []  # small buffers are not pooled
     with ring.scratch(NUMPY, 1 << 16, np.float64) as big:
         first = big.__array_interface__["data"][0]
     with ring.scratch(NUMPY, 1 << 15, np.float32) as again:  # smaller: the same memory serves
         assert again.__array_interface__["data"][0] == first and again.shape == (1 << 15,)
     with pytest.raises(RuntimeError), ring.scratch(NUMPY, 1 << 16, np.float64):
         raise RuntimeError("the collective failed: MPI may still write to the buffer")
-    assert ring._spare["numpy"] == []  # the failed collective's buffer is not handed out again
+    assert ring.scratch_pool._spare["numpy"] == []  # the failed collective's buffer is not handed out again
     for size in range(4, 10):  # 64 KiB .. 144 KiB, each too large for the buffers before it
         with ring.scratch(NUMPY, size << 14, np.uint8):
             pass
-    assert sorted(buf.nbytes for buf in ring._spare["numpy"]) == [size << 14 for size in (6, 7, 8, 9)]
+    assert sorted(buf.nbytes for buf in ring.scratch_pool._spare["numpy"]) == [size << 14 for size in (6, 7, 8, 9)]
 
 
 def test_public_surface():
@@ -176,3 +176,4 @@ def test_bfloat16_is_refused_on_a_device_backend():
     with pytest.raises(mpiring.ArgumentTypeError, match="host only"):
         check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), DeviceBackend())
     assert check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), NUMPY).dtype.name == "bfloat16"
+

@@ -17,7 +17,8 @@ import pytest
 from mpiring.algorithms import ALGORITHMS, broadcast_ring, reduce_scatter_ring_pipelined
 from mpiring.backend import NUMPY
 from mpiring.engine.partition import split_bounds
-from mpiring.ring import Scratch, Step
+from mpiring.engine.scratch import Scratch
+from mpiring.engine.transport import Step
 
 scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
 

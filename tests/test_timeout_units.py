@@ -1,4 +1,4 @@
-"""The timeout poll in mpiring.ring, without MPI: a fake request shows what happens at the edge
+"""The timeout poll in mpiring.engine.waiting, without MPI: a fake request shows what happens at the edge
 of the deadline (serial; the MPI behaviour is in tests/test_timeouts.py)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import types
 
 import pytest
 
-import mpiring.ring as ring_module
+import mpiring.engine.waiting as waiting_module
 from mpiring.engine.tags import Tags
+from mpiring.engine.transport import Call, Step
 from mpiring.errors import CollectiveTimeout
-from mpiring.ring import Call, Ring, Step
+from mpiring.ring import Ring
 
 
 class _Request:
@@ -39,7 +40,7 @@ class _FakeRequestClass:
 def fake_mpi(monkeypatch):
     _FakeRequestClass.polls = 0
     fake = types.SimpleNamespace(Request=_FakeRequestClass, Status=object, Exception=RuntimeError)
-    monkeypatch.setattr(ring_module, "MPI", fake)
+    monkeypatch.setattr(waiting_module, "MPI", fake)
     return fake
 
 
@@ -53,7 +54,7 @@ def _step(*requests: _Request) -> Step:
 def _poll(step: Step, timeout: float) -> None:
     ring = object.__new__(Ring)  # poll uses no other state of the ring than its tags
     ring.tags = Tags(None)
-    Ring.poll(ring, step, None, Call("allreduce", "ring", 1, timeout))  # a sequence tag: nothing to look for
+    waiting_module.poll(ring, step, None, Call("allreduce", "ring", 1, timeout))  # a sequence tag: nothing to look for
 
 
 def test_messages_that_arrive_at_the_deadline_are_not_a_timeout(fake_mpi):
@@ -73,8 +74,8 @@ def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):
     """It offers the core between polls up to 10 ms, then sleeps, the pause doubling from
     10 us to 1 ms (cores stay free during a long wait)."""
     pauses, yields = [], []
-    monkeypatch.setattr(ring_module.time, "sleep", pauses.append)
-    monkeypatch.setattr(ring_module, "_yield_core", lambda: yields.append(1))
+    monkeypatch.setattr(waiting_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(waiting_module, "_yield_core", lambda: yields.append(1))
     with pytest.raises(CollectiveTimeout):
         _poll(_step(_Request(finishes_at=None)), timeout=0.05)
     assert yields and pauses[:4] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5])

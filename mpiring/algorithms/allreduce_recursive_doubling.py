@@ -20,7 +20,8 @@ from typing import Any
 
 from mpiring.algorithms.power_of_two import Fold
 from mpiring.backend import NumpyBackend
-from mpiring.ring import Ring, Steps
+from mpiring.engine.transport import Steps
+from mpiring.ring import Ring
 
 
 def fold_in(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, op: str,

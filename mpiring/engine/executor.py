@@ -1,8 +1,14 @@
-"""Running plans: a blocking call runs its plan to the end here; a persistent request
-(`Communicator.allreduce_init` and the like) starts its plan, or its generator, once per start().
+"""Running a collective, the same way for all three kinds of call:
 
-Waiting happens in `Ring.wait_step`, which also advances every nonblocking collective in flight,
-and which raises `CollectiveTimeout` naming the peers still outstanding.
+    blocking       run_to_end(ring, steps, call)    an unplanned call's generator, to its end
+                   run_plan(ring, plan, timeout)    a planned call's plan (mpiring.engine.plan)
+    nonblocking    CollectiveRequest                its generator, advanced by test() and wait()
+    persistent     PersistentRequest                its plan, or its generator, once per start()
+
+Waiting happens in mpiring.engine.waiting (`wait_step`, the one place that waits), which also
+advances every nonblocking collective in flight, and which raises `CollectiveTimeout` naming the
+peers still outstanding. A run that raises a timeout or a communication error leaves its requests
+with the ring (`Ring.abandon`): MPI may still write into their buffers.
 """
 
 from __future__ import annotations
@@ -13,11 +19,111 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
+from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
+from mpiring.engine.waiting import is_complete, poll, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
-from mpiring.ring import Call, CollectiveRequest, Ring, Steps
+from mpiring.ring import Ring
 
 _startall, _testall, _waitall = MPI.Prequest.Startall, MPI.Request.Testall, MPI.Request.Waitall
 _BYTE = MPI.BYTE
+
+
+def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
+    """Drive an algorithm to its end, blocking; return the generator's return value."""
+    step = None
+    try:
+        step = next(steps)
+        while True:
+            wait_step(ring, step, call)
+            step = steps.send(None)
+    except StopIteration as finished:
+        return finished.value
+    except (CollectiveTimeout, CommunicationError) as error:
+        ring.abandon(call, error, (step, steps))  # the generator holds steps posted ahead
+        raise
+
+
+class CollectiveRequest:
+    """A collective in flight. It advances only inside test() and wait(): no helper thread.
+
+    Several may be in flight at once on one communicator (each call has its own tag), and may be
+    waited for in any order on any rank: while one waits, the others in flight advance too.
+    """
+
+    def __init__(self, ring: Ring, steps: Steps, call: Call) -> None:
+        self._ring = ring
+        self._steps = steps
+        self._call = call
+        self._done = False
+        self._result: Any = None
+        self._step: Step | None = None
+        self._advance()
+        if not self._done:
+            ring.in_flight.append(self)
+
+    @property
+    def arrays(self) -> tuple:
+        """The (x, out) the call was given (Communicator's aliasing check)."""
+        return self._call.arrays
+
+    def _advance(self) -> None:
+        try:
+            self._step = next(self._steps)
+        except StopIteration as finished:
+            self._done, self._result, self._step = True, finished.value, None
+            self._leave()
+        except BaseException:  # the collective raised (a mismatch every rank found): it is over
+            self._done, self._step = True, None
+            self._leave()
+            raise
+
+    def _leave(self) -> None:
+        """Leave the communicator's set of collectives in flight, so later waits skip it."""
+        if self in self._ring.in_flight:
+            self._ring.in_flight.remove(self)
+
+    def test(self) -> bool:
+        """Make what progress is possible without blocking; True once the collective is done."""
+        if self._done:
+            return True
+        self._ring.claim(self._call.collective)
+        return self.progress()
+
+    def progress(self) -> bool:
+        """test() for the thread already inside this ring (a wait that advances the others)."""
+        try:
+            while not self._done and is_complete(self._ring, self._step, self._call):
+                self._advance()
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._ring.abandon(self._call, error, (self._step, self._steps))
+            raise
+        return self._done
+
+    def wait(self) -> Any:
+        """Block until the collective is done and return its result (None for barrier)."""
+        if self._done:
+            return self._result
+        self._ring.claim(self._call.collective)
+        try:
+            while not self._done:
+                wait_step(self._ring, self._step, self._call, self)
+                self._advance()
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._ring.abandon(self._call, error, (self._step, self._steps))
+            raise
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective has completed (as last seen by test() or wait())."""
+        return self._done
+
+    @property
+    def result(self) -> Any:
+        """The collective's result once test() has returned True (or wait() returned)."""
+        if not self._done:
+            raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
+        return self._result
 
 
 def count_traffic(ring: Ring, plan: Plan) -> None:
@@ -43,7 +149,7 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
                 if kind == START:
                     _startall(item)
                 elif kind == WAIT:
-                    ring.wait_step(item, call)
+                    wait_step(ring, item, call)
                 else:
                     item()
     except (CollectiveTimeout, CommunicationError) as error:
@@ -56,7 +162,7 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
     """Run the plan's exchanges from `first` on (`started`: that one's requests already are)
     with nothing else in flight: small calls are paid in Python time, so this is the lean path.
     Per exchange: one Waitall, or with a timeout one Testall and, if the step is not done yet,
-    Ring.poll; then the size checks and the exchange's work."""
+    waiting.poll; then the size checks and the exchange's work."""
     call = plan.call
     timeout = call.timeout
     exchanges = plan.exchanges
@@ -69,12 +175,12 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
-                ring.poll(item, statuses, call)
+                poll(ring, item, statuses, call)
         except MPI.Exception as error:  # a message larger than its receive
-            raise ring.mpi_error(call, error, item, statuses) from error
+            raise mpi_error(ring.rank, call, error, item, statuses) from error
         for status, expected in checks:
             if status.Get_count(_BYTE) != expected:
-                ring.check_sizes(item, statuses, call.collective)  # raises, naming the sender
+                check_sizes(ring.rank, item, statuses, call.collective)  # raises, naming the sender
         for work in works:
             work()
 
@@ -164,14 +270,14 @@ class PersistentRequest:
             self._running = False
 
     def progress(self) -> bool:
-        """Advance as far as possible without blocking (Ring.wait_step calls it for requests in
+        """Advance as far as possible without blocking (waiting.wait_step calls it for requests in
         flight while another one waits); True once the run is complete."""
         if self._run is not None:
             self._running = not self._run.progress()
             return not self._running
         exchanges, ring, call = self._plan.exchanges, self._ring, self._call
         try:
-            while self._running and ring.is_complete(exchanges[self._position][0], call):
+            while self._running and is_complete(ring, exchanges[self._position][0], call):
                 self._next()
         except (CollectiveTimeout, CommunicationError) as error:
             self._abandon(error)
@@ -207,7 +313,7 @@ class PersistentRequest:
                     self._running = False
                     run_exchanges(ring, self._plan, self._position, started=True)
                 while self._running:
-                    ring.wait_step(exchanges[self._position][0], call, self)
+                    wait_step(ring, exchanges[self._position][0], call, self)
                     self._next()
             except (CollectiveTimeout, CommunicationError) as error:
                 self._abandon(error)

@@ -8,7 +8,7 @@ happen then; a run only starts requests, waits and does the arithmetic (mpiring.
 
     building (once)                               running (each call)
     algorithm posts a step     ─►  START reqs     MPI Startall
-    algorithm yields the step  ─►  WAIT step      Ring.wait_step: the one place that waits
+    algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
     backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
 
 Only the host backend is planned, and only calls whose buffers and layout are known on every
@@ -27,8 +27,9 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.ops import AVG, UFUNC_NAMES
-from mpiring.ring import Call, Ring, Step, Steps, Traffic
+from mpiring.ring import Ring
 
 START, WAIT, WORK = 0, 1, 2
 Action = tuple[int, Any]  # (START, [requests]) | (WAIT, Step) | (WORK, function)
@@ -161,7 +162,7 @@ class Recorder:
         self.allocated = 0
 
     def post(self, backend: NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
-        step = self.ring.make_step(backend, tag, sends, receives, self.traffic, persistent=True)
+        step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic, persistent=True)
         if step.receives:
             step.statuses = [MPI.Status() for _ in step.requests]
         self.requests.extend(step.requests)

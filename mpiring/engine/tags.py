@@ -28,7 +28,7 @@ from __future__ import annotations
 
 IDENTITY_BITS = 20
 # A notice: an empty message a rank sends every other rank on its blocking tags when a blocking
-# call raised there (Ring.leave_notice). Its identity is NOTICE (a collective code no collective
+# call raised there (waiting.leave_notice). Its identity is NOTICE (a collective code no collective
 # has, 15) plus the rank's count of failed calls mod 2^16, so a notice is only taken for one of
 # this rank's own generation for 65536 failures, not 2^7 (generations wrap sooner).
 NOTICE = 15 << 16

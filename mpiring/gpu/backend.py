@@ -22,10 +22,11 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
+from mpiring.engine.transport import Step
 from mpiring.gpu.ipc import IpcEngine, IpcTransfer
 from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, segment_bytes_from_env
 from mpiring.ops import AVG, UFUNC_NAMES
-from mpiring.ring import Ring, Step
+from mpiring.ring import Ring
 
 _EMPTY = numpy.empty(0, numpy.uint8)  # zero-byte messages: never hand MPI a (possibly null) device pointer
 

@@ -159,7 +159,7 @@ class IpcTransfer:
     def progress(self, call: Any) -> bool:
         """Send descriptors of finished copies, copy out of landed peer blocks, acknowledge.
 
-        Called only from the Ring's wait loops, which turn an MPI error into CommunicationError.
+        Called only from the wait loops (mpiring.engine.waiting), which turn an MPI error into CommunicationError.
         """
         if self._done:
             return True

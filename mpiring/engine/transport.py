@@ -1,0 +1,135 @@
+"""The transport: one step's messages handed to MPI, what they are counted as, and a failed or
+oversized message told in words.
+
+An algorithm posts a step (`Ring.post`, which lands in `make_step` here for host buffers) and
+yields it; the waiting (mpiring.engine.waiting) completes it and checks, here, that every
+receive got the bytes it expected. A step is a handful of nonblocking requests, receives first:
+
+    step = Step: requests [Irecv from left, Isend to right], receives [(0, nbytes, left)]
+
+This module knows MPI and the backends' buffer protocol, and nothing of the ring above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mpi4py import MPI
+
+from mpiring.errors import CommunicationError
+
+if TYPE_CHECKING:
+    from mpiring.backend import NumpyBackend
+
+
+@dataclass
+class Traffic:
+    """What this communicator has handed to MPI since it was made (or last reset)."""
+
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages: int = 0  # messages sent
+
+    def reset(self) -> None:
+        self.bytes_sent = self.bytes_received = self.messages = 0
+
+
+class Step:
+    """The messages one step of an algorithm has posted, and what to check once they complete."""
+
+    __slots__ = ("requests", "peers", "receives", "after", "progress", "statuses")
+
+    def __init__(self) -> None:
+        self.requests: list[MPI.Request] = []
+        self.peers: list[tuple[str, int]] = []  # per request: ("receive from", 3) or ("send to", 1)
+        # (index into requests, expected bytes, source rank) for every receive
+        self.receives: list[tuple[int, int, int]] = []
+        # work to do once every message has arrived (a staged receive's copy to the device)
+        self.after: list[Callable[[], None]] = []
+        # a step that must be pushed along (staged device transfers): progress(call) -> done
+        self.progress: Callable[[Call], bool] | None = None
+        # a planned step's statuses, made once and refilled by every run (None: made per wait)
+        self.statuses: list[MPI.Status] | None = None
+
+
+@dataclass(slots=True)
+class Call:
+    """One collective call as the engine sees it: what to name in errors, and how long to wait."""
+
+    collective: str
+    algorithm: str  # as asked for; the collective replaces "auto" with the one it chose
+    tag: int
+    timeout: float | None = None
+    step: int = 0  # steps completed so far
+    checked: tuple = ()  # (x, op, root) as the consistency check (MPIRING_CHECK) compares them
+    arrays: tuple = (None, None)  # a nonblocking or persistent call's (x, out), for the aliasing check
+
+
+# An algorithm: a generator that yields each step it posted and returns the collective's result.
+Steps = Generator[Step, None, Any]
+
+
+def make_step(
+    comm: MPI.Intracomm,
+    backend: NumpyBackend,
+    tag: int,
+    sends: Sequence[tuple[Any, int]],
+    receives: Sequence[tuple[Any, int]],
+    traffic: Traffic,
+    persistent: bool = False,
+) -> Step:
+    """A step's requests on `comm`, receives first (so a matching send never waits on an
+    unposted receive); started now, or (`persistent`) made to be started by every run of a
+    plan. `traffic` counts the step's bytes."""
+    receive, send = (comm.Recv_init, comm.Send_init) if persistent else (comm.Irecv, comm.Isend)
+    step = Step()
+    for buf, source in receives:
+        message, after = backend.receive_message(buf)
+        step.receives.append((len(step.requests), buf.nbytes, source))
+        step.requests.append(receive(message, source, tag))
+        step.peers.append(("receive from", source))
+        if after is not None:
+            step.after.append(after)
+        traffic.bytes_received += buf.nbytes
+    for buf, dest in sends:
+        step.requests.append(send(backend.send_message(buf), dest, tag))
+        step.peers.append(("send to", dest))
+        traffic.bytes_sent += buf.nbytes
+        traffic.messages += 1
+    return step
+
+
+def mpi_error(rank: int, call: Call, error: MPI.Exception, step: Step | None = None,
+              statuses: list[MPI.Status] | None = None) -> CommunicationError:
+    """A failed step on `rank` in words: a message too large for its receive names its sender and
+    the size expected, rather than MPI's "see the MPI_ERROR field"."""
+    if step is not None and statuses is not None:
+        for index, expected, source in step.receives:
+            code = statuses[index].Get_error()
+            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                return CommunicationError(
+                    call.collective,
+                    f"rank {rank} expected {expected} bytes from rank {source} in step {call.step} but "
+                    f"a larger message arrived (MPI: {MPI.Get_error_string(MPI.Get_error_class(code))}): "
+                    "the ranks passed different shapes, lengths or dtypes",
+                )
+    return CommunicationError(
+        call.collective,
+        f"MPI failed on rank {rank} in step {call.step}: {error.Get_error_string()} "
+        "(did the ranks pass different shapes, lengths or dtypes?)",
+    )
+
+
+def check_sizes(rank: int, step: Step, statuses: list[MPI.Status], collective: str) -> None:
+    """Raise CommunicationError, naming the sender, if a receive of `step` did not get the bytes
+    it expected (a larger message is an MPI error instead: `mpi_error`)."""
+    for index, expected, source in step.receives:
+        got = statuses[index].Get_count(MPI.BYTE)
+        if got != expected:
+            raise CommunicationError(
+                collective,
+                f"rank {rank} received {got} bytes from rank {source} but expected "
+                f"{expected}: the ranks passed different shapes, lengths or dtypes",
+            )

@@ -1,0 +1,246 @@
+"""Waiting: the one place a step's messages are waited for, and so where a timeout lives, and
+where a rank notices that a peer is in another call, or has left this one.
+
+    complete(ring, step, call)     block until the step is done (one Waitall without a timeout;
+                                   with one, `poll`); check the sizes, run the step's `after`
+    is_complete(ring, step, call)  the same without blocking: True once done
+    wait_step(ring, step, call)    complete, while advancing every other collective in flight
+    poll(ring, step, ...)          the timed wait: offer the core, then back off, until the deadline
+
+A long wait in a blocking call looks (`_Watch`, every 20 ms) at the first unmatched message of
+each peer it waits for: one of another blocking call, or a notice that the peer raised and left
+(`leave_notice`), seen twice is a `MessageMismatchError` (`mismatch` names both calls).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from mpi4py import MPI
+
+from mpiring.engine.transport import Call, Step, check_sizes, mpi_error
+from mpiring.errors import CollectiveTimeout, MessageMismatchError
+from mpiring.ring import InFlight, Ring
+
+# A timed wait offers the core between tests this long, then pauses between them (poll).
+_YIELD_SECONDS = 10e-3
+
+# A long wait looks this often for a message of another call from the peer it waits for (_Watch).
+_LOOK_SECONDS = 20e-3
+
+_NOTHING = bytearray(0)  # the buffer of an empty message (notices)
+
+# Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
+_yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+
+
+def complete(ring: Ring, step: Step, call: Call) -> None:
+    """Wait for every message of a step, then check and finish its receives.
+
+    Without a timeout this is one MPI Waitall. With one, it polls with a growing pause (so
+    oversubscribed ranks leave the cores to the ranks doing work) and raises
+    CollectiveTimeout naming the peers whose messages are still outstanding.
+    """
+    statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
+    try:
+        if step.progress is not None:
+            _drive(step, call)
+        elif call.timeout is None:
+            MPI.Request.Waitall(step.requests, statuses)
+        else:
+            poll(ring, step, statuses, call)
+    except MPI.Exception as error:
+        raise mpi_error(ring.rank, call, error, step, statuses) from error
+    _finish(ring, step, statuses, call)
+
+
+def is_complete(ring: Ring, step: Step, call: Call) -> bool:
+    """Whether every message of a step has finished (then checked and finished), without waiting."""
+    statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
+    try:
+        done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
+    except MPI.Exception as error:
+        raise mpi_error(ring.rank, call, error, step, statuses) from error
+    if done:
+        _finish(ring, step, statuses, call)
+    return done
+
+
+def wait_step(ring: Ring, step: Step, call: Call, waiting: InFlight | None = None) -> None:
+    """Complete `step` while advancing every other nonblocking collective in flight (`waiting`
+    is the request the step belongs to, if any).
+
+    Ranks may wait for their requests in different orders (as MPI allows): a rank stuck in
+    one collective must still post the next steps of the others, or the ranks would wait
+    for each other for ever. With nothing else in flight this is just `complete`.
+    """
+    in_flight = ring.in_flight
+    if not in_flight or in_flight == [waiting]:  # nothing else to advance
+        complete(ring, step, call)
+        return
+    start = time.monotonic()
+    deadline = None if call.timeout is None else start + call.timeout
+    watch = _Watch(ring, step, call, start)
+    pause = 0.0
+    while not is_complete(ring, step, call):
+        for request in [r for r in ring.in_flight if r is not waiting]:
+            request.progress()
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            _raise_timeout(step, call)
+        watch.look(now)
+        if pause:
+            time.sleep(pause)
+        pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
+
+
+def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+    """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
+    runnable process between tests (a no-op when none waits, so a small message is caught
+    as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
+    that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU, and look
+    for messages of another call from the peers it waits for (_Watch)."""
+    now = time.monotonic()
+    deadline, yield_until = now + call.timeout, now + _YIELD_SECONDS
+    watch = None  # made once the wait is long (small calls pay nothing for it)
+    pause = 0.0
+    while not MPI.Request.Testall(step.requests, statuses):
+        now = time.monotonic()
+        if now >= deadline:
+            _raise_timeout(step, call)
+            continue  # all arrived at the deadline: the next Testall completes the step
+        if now < yield_until:
+            _yield_core()
+            continue
+        if watch is None:
+            watch = _Watch(ring, step, call, now)
+        watch.look(now)
+        pause = min(max(pause * 2, 1e-5), 1e-3)
+        time.sleep(min(pause, deadline - now))
+
+
+def _raise_timeout(step: Step, call: Call) -> None:
+    """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
+
+    Get_status only looks: Test would free a request that finished since the last check,
+    losing its status, and could leave nobody to name when the last ones just arrived.
+    """
+    pending = zip(step.requests, step.peers, strict=True)
+    waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Get_status()]
+    if waiting:
+        raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+
+
+def _drive(step: Step, call: Call) -> None:
+    """Push a staged step along until it is done. It spins, since the device copies it waits
+    for take microseconds; after a while it yields the core to oversubscribed ranks."""
+    deadline = None if call.timeout is None else time.monotonic() + call.timeout
+    spins = 0
+    while not step.progress(call):
+        spins += 1
+        if spins > 64:
+            _yield_core()
+        if deadline is not None and time.monotonic() >= deadline:
+            pending = zip(step.requests, step.peers, strict=True)
+            # a request is falsy once complete
+            waiting = list(dict.fromkeys(f"{what} rank {peer}" for request, (what, peer) in pending if request))
+            raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+
+
+def _finish(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+    if statuses is not None:
+        check_sizes(ring.rank, step, statuses, call.collective)
+    for work in step.after:
+        work()
+    call.step += 1
+
+
+class _Watch:
+    """Looks, every 20 ms of a long wait in a blocking call (or its consistency check), whether a
+    peer whose message has not arrived sent one of another blocking call instead, or a notice
+    (foreign_message). MPI delivers two ranks' messages in order, so a peer that really was
+    in this call would have sent the awaited message before any later one, and it would have
+    matched the receive that waits for it. The same foreign message seen at two looks (the
+    awaited one still missing) is a mismatch: raise.
+    """
+
+    __slots__ = ("ring", "step", "call", "next", "seen")
+
+    def __init__(self, ring: Ring, step: Step, call: Call, start: float) -> None:
+        self.ring, self.step, self.call = ring, step, call
+        # blocking calls, and the consistency check (tag 0) they may run first
+        watched = call.tag == 0 or ring.tags.is_blocking(call.tag)
+        self.next = start + _LOOK_SECONDS if watched and step.receives else math.inf
+        self.seen: tuple[int, int] | None = None
+
+    def look(self, now: float) -> None:
+        if now < self.next:
+            return
+        self.next = now + _LOOK_SECONDS
+        found = foreign_message(self.ring, self.step, self.call)
+        if found is not None and found == self.seen:
+            raise mismatch(self.ring, self.call, *found)
+        self.seen = found
+
+
+def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | None:
+    """(source, tag) of the first message a peer whose receive in `step` is still pending has
+    sent with another blocking call's tag, if any. It only looks (Iprobe), except that it
+    takes out of the way notices from a failure count other than this rank's (calls that raised
+    on this rank too, or long ago)."""
+    status = MPI.Status()
+    tags = ring.tags
+    own_notice = tags.notice(ring.failures)  # a peer that left a call of this rank's generation
+    for index, _, source in step.receives:
+        while not step.requests[index].Get_status() and ring.comm.Iprobe(source, MPI.ANY_TAG, status):
+            tag = status.Get_tag()
+            if tag == call.tag or not tags.is_blocking(tag):
+                break
+            if tag == own_notice or not tags.is_notice(tag):
+                return source, tag
+            ring.comm.Recv([_NOTHING, 0, MPI.BYTE], source, tag)  # a notice of a call this rank left too
+    return None
+
+
+def leave_notice(ring: Ring) -> None:
+    """This rank's blocking call raised and it moves on (Ring.failures): tell every other rank
+    with an empty message on the notice tag of the generation it leaves, so a peer waiting for
+    it in that call, or in any later call of that generation, raises at once (foreign_message)
+    rather than at its timeout. The notices of that generation the peers sent this rank (they
+    raised too) are taken out of the way now, or by a later look."""
+    tag = ring.tags.notice(ring.failures)
+    if tag is None:
+        return
+    ring.notices = [request for request in ring.notices if not request.Test()]
+    ring.notices += [ring.comm.Isend([_NOTHING, 0, MPI.BYTE], peer, tag)
+                     for peer in range(ring.size) if peer != ring.rank]
+    status = MPI.Status()
+    while ring.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+        ring.comm.Recv([_NOTHING, 0, MPI.BYTE], status.Get_source(), tag)
+
+
+def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
+    """The error for a message of another call from `source`, naming both calls."""
+    tags = ring.tags
+    theirs, their_identity = tags.split(tag)
+    ours = tags.split(ring.blocking_tag(0))[0]
+    our_identity = tags.split(call.tag)[1] if tags.is_blocking(call.tag) else None  # None: the check
+    call_words = f"{call.collective} ({call.algorithm})" if our_identity is None else ring.describe(our_identity,
+                                                                                                     ring.size)
+    waits = f"this rank waits in {call_words} (call {ring.calls} here)"
+    if tags.is_notice(tag):
+        return MessageMismatchError(call.collective, f"rank {source} raised in a blocking call and left it "
+                                    f"(see the error there) while {waits}")
+    what = f"rank {source} sent a message of {ring.describe(their_identity, ring.size)}"
+    if their_identity != our_identity:
+        problem = (f"{what} while {waits}: the ranks called different collectives, or with different dtypes, "
+                   "ops, roots or algorithms")
+    else:
+        problem = f"{what}, the same kind of call as this rank's (call {ring.calls} here)"
+    if theirs != ours:
+        who, whom = ("that rank", "this one") if theirs > ours else ("this rank", f"rank {source}")
+        problem += (f"; {who} has seen {abs(theirs - ours)} more failed call(s) than {whom}: a call raised on "
+                    "one of the two only, and the other went on")
+    return MessageMismatchError(call.collective, problem)
