@@ -11,6 +11,7 @@ from mpiring.launch import share_cores_among_local_ranks
 # node's cores, not all of them (unless the thread variables are set; see the function).
 share_cores_among_local_ranks()
 
+from mpiring import backend, gpu  # noqa: E402
 from mpiring.communicator import Communicator  # noqa: E402
 from mpiring.cuda_detection import cuda_aware, cuda_awareness  # noqa: E402
 from mpiring.engine.transport import Traffic  # noqa: E402
@@ -28,6 +29,10 @@ from mpiring.errors import (  # noqa: E402
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
 from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM  # noqa: E402
+
+# The composition root: the core finds a device array's backend through this hook and never
+# imports gpu/ (which imports CuPy only once a CuPy array reaches a collective).
+backend.register_device_backend(gpu.device_backend)
 
 __version__ = "0.1.0"
 

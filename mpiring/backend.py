@@ -129,18 +129,33 @@ NUMPY = NumpyBackend()
 _NDARRAY = numpy.ndarray
 
 
+def _unregistered(x: Any) -> Backend:
+    raise RuntimeError(f"no device backend is registered for {type(x).__name__} arrays "
+                       "(import mpiring, which registers mpiring.gpu's)")
+
+
+# Gives a device array its backend: mpiring.gpu.device_backend, which the package's composition
+# root (mpiring/__init__.py) registers, so that this module, and the core, never name gpu/.
+_device_backend: Callable[[Any], Backend] = _unregistered
+
+
+def register_device_backend(factory: Callable[[Any], Backend]) -> None:
+    """Name the function that gives a device (CuPy) array its backend."""
+    global _device_backend
+    _device_backend = factory
+
+
 def backend_for(x: Any) -> Backend:
     """The backend that owns array `x` (array-likes that are not device arrays go to NumPy).
 
     A NumPy array costs one type check. A CuPy array is recognised by its type, without importing
-    CuPy, so a caller that never uses CuPy never loads it; only then is mpiring.gpu imported.
+    CuPy, so a caller that never uses CuPy never loads it; only then does the registered device
+    backend (mpiring.gpu.device_backend) import it.
     """
     if type(x) is _NDARRAY:
         return NUMPY
     if is_device_array(x):
-        from mpiring.gpu import device_backend
-
-        return device_backend(x)
+        return _device_backend(x)
     return NUMPY
 
 

@@ -210,7 +210,8 @@ def test_host_arrays_go_to_numpy():
 
 def test_device_arrays_are_recognised_without_cupy(monkeypatch):
     seen = []
-    monkeypatch.setattr(mpiring.gpu, "device_backend", lambda x: seen.append(x) or "device")
+    assert mpiring.backend._device_backend is mpiring.gpu.device_backend  # registered by mpiring/__init__.py
+    monkeypatch.setattr(mpiring.backend, "_device_backend", lambda x: seen.append(x) or "device")
     x = _CupyLike()
     assert is_device_array(x) and backend_for(x) == "device" and seen == [x]
 
