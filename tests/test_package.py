@@ -177,3 +177,79 @@ def test_bfloat16_is_refused_on_a_device_backend():
         check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), DeviceBackend())
     assert check_array("allreduce", "x", np.ones(3, ml_dtypes.bfloat16), NUMPY).dtype.name == "bfloat16"
 
+
+# ---- the import graph: no circles, and no arrow from the core up to gpu/, training/ or bench/
+
+_UPPER = ("mpiring.gpu", "mpiring.training", "mpiring.bench")
+# Modules outside the core that may import the upper layers: the composition root, which
+# registers the device backend, and the entry points that start training and `mpiring info`.
+_ABOVE_THE_CORE = {"mpiring", "mpiring.train", "mpiring.cli"}
+
+
+def _upper(module: str) -> bool:
+    return any(module == layer or module.startswith(layer + ".") for layer in _UPPER)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module under mpiring/ -> the mpiring modules it imports anywhere in its source
+    (function-level and typing-only imports too). `from pkg import name` points at pkg.name
+    when that is a module, else at pkg."""
+    import ast
+    import pathlib
+
+    top = pathlib.Path(mpiring.__file__).parent
+    paths = {}
+    for path in top.rglob("*.py"):
+        parts = path.relative_to(top.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                base = ".".join(base + ([node.module] if node.module else []))
+                targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                               for alias in node.names)
+        graph[module] = {target for target in targets if target in paths and target != module}
+    return graph
+
+
+def _a_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph` (its modules, the first repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            circle = visit(target)
+            if circle:
+                return circle
+        path.pop()
+        done.add(module)
+        return None
+
+    return next((circle for module in sorted(graph) if (circle := visit(module))), None)
+
+
+def test_the_package_imports_without_circles_and_the_core_never_imports_upward():
+    graph = _import_graph()
+    # what the walk must see: `from pkg import module`, a function-level import, a typing-only one
+    assert "mpiring.collectives" in graph["mpiring.communicator"]
+    assert "mpiring.gpu" in graph["mpiring.cli"]
+    assert "mpiring.backend" in graph["mpiring.ring"]
+    assert _a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+
+    assert _a_circle(graph) is None, " -> ".join(_a_circle(graph))
+    upward = {module: sorted(filter(_upper, targets)) for module, targets in graph.items() if not _upper(module)}
+    assert {module: targets for module, targets in upward.items()
+            if targets and module not in _ABOVE_THE_CORE} == {}
+    assert all(upward[module] for module in _ABOVE_THE_CORE), "an exemption no module needs any more"
