@@ -519,6 +519,8 @@ class CollectiveRequest:
 
     Several may be in flight at once on one communicator (each call has its own tag), and may be
     waited for in any order on any rank: while one waits, the others in flight advance too.
+    A request that raised is over: it leaves the set in flight, and every later test(), wait()
+    or `result` raises the same error again (never a result).
     """
 
     def __init__(self, ring: Ring, steps: Steps, call: Call) -> None:
@@ -527,6 +529,7 @@ class CollectiveRequest:
         self._call = call
         self._done = False
         self._result: Any = None
+        self._error: BaseException | None = None
         self._step: Step | None = None
         self._advance()
         if not self._done:
@@ -543,9 +546,8 @@ class CollectiveRequest:
         except StopIteration as finished:
             self._done, self._result, self._step = True, finished.value, None
             self._leave()
-        except BaseException:  # the collective raised (a mismatch every rank found): it is over
-            self._done, self._step = True, None
-            self._leave()
+        except BaseException as error:  # the collective raised (a mismatch every rank found): it is over
+            self._fail(error)
             raise
 
     def _leave(self) -> None:
@@ -553,8 +555,21 @@ class CollectiveRequest:
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
 
+    def _fail(self, error: BaseException) -> None:
+        """The collective raised: it is over, and `error` is all it will ever give. An error that
+        may leave its messages in flight breaks the ring, which keeps the step's buffers alive."""
+        if isinstance(error, (CollectiveTimeout, CommunicationError)):
+            self._ring.abandon(self._call, error, (self._step, self._steps))
+        self._done, self._error, self._step = True, error, None
+        self._leave()
+
     def test(self) -> bool:
-        """Make what progress is possible without blocking; True once the collective is done."""
+        """Make what progress is possible without blocking; True once the collective is done.
+
+        It raises only what wait() would raise at the same point (it never waits, so never a
+        timeout), and once it has raised, test(), wait() and `result` raise that error again."""
+        if self._error is not None:
+            raise self._error
         if self._done:
             return True
         self._ring.claim(self._call.collective)
@@ -566,12 +581,15 @@ class CollectiveRequest:
             while not self._done and self._ring.is_complete(self._step, self._call):
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error, (self._step, self._steps))
+            if self._error is None:
+                self._fail(error)
             raise
         return self._done
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
+        if self._error is not None:
+            raise self._error
         if self._done:
             return self._result
         self._ring.claim(self._call.collective)
@@ -580,18 +598,21 @@ class CollectiveRequest:
                 self._ring.wait_step(self._step, self._call, self)
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error, (self._step, self._steps))
+            if self._error is None and not self._done:
+                self._fail(error)
             raise
         return self._result
 
     @property
     def done(self) -> bool:
-        """Whether the collective has completed (as last seen by test() or wait())."""
+        """Whether the collective is over (completed, or raised), as last seen by test() or wait()."""
         return self._done
 
     @property
     def result(self) -> Any:
         """The collective's result once test() has returned True (or wait() returned)."""
+        if self._error is not None:
+            raise self._error
         if not self._done:
             raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
         return self._result

@@ -127,3 +127,4 @@ def test_timeout_names_the_missing_rank():
         if RANK == (missing + 1) % N:  # the missing rank's right neighbour waits on it directly
             assert f"receive from rank {missing}" in text, text
     WORLD.Barrier()
+

@@ -106,7 +106,8 @@ class PersistentRequest:
     """A collective made once and started many times (MPI-4's persistent collectives).
 
     `start()` begins a run; `test()` and `wait()` then behave as a nonblocking collective's
-    request, and `wait()` returns the result. Every rank must start its requests, and call its
+    request, and `wait()` returns the result; a run that raised gives only that error (test(),
+    wait() and `result` raise it again) until the next start(). Every rank must start its requests, and call its
     other collectives, in the same order. The arrays given when it was made are bound to it:
     change their contents between runs, not the arrays. `free()` releases it.
 
@@ -125,6 +126,7 @@ class PersistentRequest:
         self._position = -1  # a planned run: the exchange in flight (-1: never started)
         self._running = False
         self._freed = False
+        self._error: BaseException | None = None  # what the last run raised: it gives nothing else
 
     @property
     def arrays(self) -> tuple:
@@ -142,7 +144,7 @@ class PersistentRequest:
         self._started()
         ring, call, plan = self._ring, self._call, self._plan
         call.step = 0
-        self._running = True
+        self._running, self._error = True, None
         if plan is None or plan.exchanges is None:
             if plan is not None:
                 count_traffic(ring, plan)
@@ -150,7 +152,8 @@ class PersistentRequest:
             else:
                 call.tag = ring.next_tag()  # each replay is a new call with its own tag
                 steps = self._replay()
-            self._run = CollectiveRequest(ring, steps, call)
+            self._run = None
+            self._run = self._run_step(lambda: CollectiveRequest(ring, steps, call))
             self._running = not self._run.done
             return
         count_traffic(ring, plan)
@@ -167,7 +170,7 @@ class PersistentRequest:
         """Advance as far as possible without blocking (Ring.wait_step calls it for requests in
         flight while another one waits); True once the run is complete."""
         if self._run is not None:
-            self._running = not self._run.progress()
+            self._running = not self._run_step(self._run.progress)
             return not self._running
         exchanges, ring, call = self._plan.exchanges, self._ring, self._call
         try:
@@ -185,9 +188,8 @@ class PersistentRequest:
             return True
         self._ring.claim(self._call.collective)
         if self._run is not None:
-            done = self._run.test()
-            self._running = not done
-            return done
+            self._running = not self._run_step(self._run.test)
+            return not self._running
         return self.progress()
 
     def wait(self) -> Any:
@@ -195,9 +197,9 @@ class PersistentRequest:
         self._check_started()
         ring, call = self._ring, self._call
         if self._run is not None:
-            result = self._run.wait()
+            self._run_step(self._run.wait)
             self._running = False
-            return result
+            return self._run.result
         if self._running:
             ring.claim(call.collective)
             exchanges = self._plan.exchanges
@@ -244,12 +246,23 @@ class PersistentRequest:
             self._running = False
             self._ring.in_flight.remove(self)
 
+    def _run_step(self, advance: Callable[[], Any]) -> Any:
+        """Advance a generator-driven run; what it raises ends this run (the request's error)."""
+        try:
+            return advance()
+        except BaseException as error:
+            self._running, self._error = False, error
+            raise
+
     def _abandon(self, error: BaseException) -> None:
-        self._running = False
+        self._running, self._error = False, error
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
         self._ring.abandon(self._call, error, self._plan)  # keeps its buffers: MPI may still write them
 
     def _check_started(self) -> None:
+        """Raise what the last run raised, or that there was no run yet."""
+        if self._error is not None:
+            raise self._error
         if self._position < 0 and self._run is None:
             raise RuntimeError(f"this persistent {self._call.collective} request was never started: call start()")
