@@ -30,7 +30,7 @@ from mpiring.errors import (
 )
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
-from mpiring.ring import POOL_BYTES, Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
+from mpiring.ring import IN_FLIGHT_BYTES, POOL_BYTES, Call, CollectiveRequest, Ring, Steps, Traffic, run_to_end
 from mpiring.selection import read_environment
 from mpiring.validation import (
     check_algorithm,
@@ -104,6 +104,8 @@ class Communicator(BufferAPI):
         self._ring = Ring(private)
         self._ring.describe = identity.describe
         self._ring.pool_bytes = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
+        self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
+                                      or IN_FLIGHT_BYTES)
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()

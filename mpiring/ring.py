@@ -13,6 +13,7 @@ All waiting happens in `Ring.complete`, the one place a timeout belongs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -35,6 +36,10 @@ from mpiring.errors import CollectiveTimeout, CommunicationError, ConcurrentUseE
 _POOL_FROM_BYTES = 64 * 1024
 _POOL_BUFFERS = 4
 POOL_BYTES = 256 << 20
+
+# Nonblocking collectives in flight may hold at most this many bytes of arrays (their inputs and
+# outputs) per communicator unless MPIRING_INFLIGHT_BYTES says otherwise (Ring.make_room).
+IN_FLIGHT_BYTES = 1 << 30
 
 # A timed wait offers the core between tests this long, then pauses between them (Ring.poll).
 _YIELD_SECONDS = 10e-3
@@ -147,6 +152,7 @@ class Ring:
         self.pool_bytes = POOL_BYTES  # the most bytes of scratch kept per backend (MPIRING_SCRATCH_BYTES)
         # nonblocking collectives not yet done: every wait advances them all (see wait_step)
         self.in_flight: list[CollectiveRequest] = []
+        self.in_flight_bytes = IN_FLIGHT_BYTES  # the most their arrays may hold (MPIRING_INFLIGHT_BYTES)
         # why this rank may have messages of an abandoned call in flight (the Communicator then
         # refuses every later call: those messages could match a later call's receives)
         self.broken: str | None = None
@@ -316,9 +322,10 @@ class Ring:
         deadline = None if call.timeout is None else start + call.timeout
         watch = _Watch(self, step, call, start)
         pause = 0.0
-        while not self.is_complete(step, call):
-            for request in [r for r in self.in_flight if r is not waiting]:
-                request.progress()
+        while True:
+            self.progress_others(waiting)
+            if self.is_complete(step, call):
+                return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 self._raise_timeout(step, call)
@@ -326,6 +333,25 @@ class Ring:
             if pause:
                 time.sleep(pause)
             pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
+
+    def progress_others(self, waiting: Any = None) -> None:
+        """Advance once every nonblocking collective in flight but `waiting`. Ranks may wait for
+        their requests in different orders, and a request the program dropped must still finish
+        and let go of its buffers. What another request raises stays with it (test(), wait() and
+        `result` raise it; one that may leave messages in flight has broken the ring, so the
+        next call says so): it is not this call's error."""
+        for request in [r for r in self.in_flight if r is not waiting]:
+            with contextlib.suppress(Exception):  # kept by that request (CollectiveRequest._fail)
+                request.progress()
+
+    def make_room(self, nbytes: int) -> None:
+        """Before a nonblocking collective whose arrays hold `nbytes` starts: while those in flight
+        would then hold more than `in_flight_bytes`, wait for the oldest. Requests a program tests
+        once and drops would otherwise pile up; every rank issues the same calls in the same
+        order, so its peers reach the same point and the oldest can finish."""
+        while self.in_flight and sum(request.holds for request in self.in_flight) + nbytes > self.in_flight_bytes:
+            with contextlib.suppress(Exception):  # an error stays with that request (see progress_others)
+                self.in_flight[0].wait()
 
     def poll(self, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
         """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
@@ -499,6 +525,13 @@ class _Watch:
         self.seen = found
 
 
+def array_bytes(arrays: tuple) -> int:
+    """The bytes a nonblocking call's (x, out) hold; an output it allocates is counted at x's size."""
+    x, out = arrays
+    held = getattr(x, "nbytes", 0)
+    return held + getattr(out, "nbytes", held)
+
+
 def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
     """Drive an algorithm to its end, blocking; return the generator's return value."""
     step = None
@@ -527,11 +560,14 @@ class CollectiveRequest:
         self._ring = ring
         self._steps = steps
         self._call = call
+        self.holds = array_bytes(call.arrays)
+        ring.make_room(self.holds)
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._step: Step | None = None
         self._advance()
+        ring.progress_others()  # requests tested once and dropped finish as later calls come
         if not self._done:
             ring.in_flight.append(self)
 
@@ -573,6 +609,7 @@ class CollectiveRequest:
         if self._done:
             return True
         self._ring.claim(self._call.collective)
+        self._ring.progress_others(self)  # as wait() does: the ranks may test in different orders
         return self.progress()
 
     def progress(self) -> bool:

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
 from mpiring.errors import CollectiveTimeout, CommunicationError
-from mpiring.ring import Call, CollectiveRequest, Ring, Steps
+from mpiring.ring import Call, CollectiveRequest, Ring, Steps, array_bytes
 
 _startall, _testall, _waitall = MPI.Prequest.Startall, MPI.Request.Testall, MPI.Request.Waitall
 _BYTE = MPI.BYTE
@@ -127,6 +127,7 @@ class PersistentRequest:
         self._running = False
         self._freed = False
         self._error: BaseException | None = None  # what the last run raised: it gives nothing else
+        self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
 
     @property
     def arrays(self) -> tuple:
@@ -143,6 +144,7 @@ class PersistentRequest:
                                "wait() for it before starting it again")
         self._started()
         ring, call, plan = self._ring, self._call, self._plan
+        ring.make_room(self.holds)
         call.step = 0
         self._running, self._error = True, None
         if plan is None or plan.exchanges is None:
@@ -160,6 +162,7 @@ class PersistentRequest:
         for work in plan.prologue:
             work()
         self._position = 0
+        ring.progress_others()  # requests tested once and dropped finish as later calls come
         if plan.exchanges:
             _startall(plan.exchanges[0][1])
             ring.in_flight.append(self)
@@ -187,6 +190,7 @@ class PersistentRequest:
         if not self._running:
             return True
         self._ring.claim(self._call.collective)
+        self._ring.progress_others(self)  # as wait() does: the ranks may test in different orders
         if self._run is not None:
             self._running = not self._run_step(self._run.test)
             return not self._running
