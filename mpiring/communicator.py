@@ -33,7 +33,7 @@ from mpiring.errors import (
 )
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
-from mpiring.ring import Ring
+from mpiring.ring import IN_FLIGHT_BYTES, Ring
 from mpiring.selection import read_environment
 from mpiring.validation import (
     check_algorithm,
@@ -107,6 +107,8 @@ class Communicator(BufferAPI):
         self._ring = Ring(private)
         self._ring.describe = identity.describe
         self._ring.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
+        self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
+                                      or IN_FLIGHT_BYTES)
         self._ring.node_local = _all_on_one_node(self._ring.comm)
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()

@@ -9,6 +9,7 @@
     MPIRING_GPU_IPC            yes/no            a device buffer's first use  node-local device buffers by CUDA IPC
     MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
     MPIRING_SCRATCH_BYTES      positive integer  a Communicator is made       most scratch bytes kept for reuse
+    MPIRING_INFLIGHT_BYTES     positive integer  a Communicator is made       most bytes nonblocking calls hold
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

@@ -31,15 +31,23 @@ from mpiring.errors import ConcurrentUseError
 if TYPE_CHECKING:
     from mpiring.backend import NumpyBackend
 
+# Nonblocking collectives in flight may hold at most this many bytes of arrays (their inputs and
+# outputs) per communicator unless MPIRING_INFLIGHT_BYTES says otherwise (waiting.make_room).
+IN_FLIGHT_BYTES = 1 << 30
+
 
 class InFlight(Protocol):
     """A nonblocking collective or a started persistent request not yet done
     (mpiring.engine.executor's CollectiveRequest and PersistentRequest)."""
 
+    holds: int  # the bytes of its arrays, counted against Ring.in_flight_bytes
+
     @property
     def arrays(self) -> tuple: ...  # the call's (x, out), for the Communicator's aliasing check
 
     def progress(self) -> bool: ...  # advance without blocking; True once done
+
+    def wait(self) -> Any: ...  # block until done
 
 
 class Ring:
@@ -72,6 +80,7 @@ class Ring:
         self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (the Communicator sets it)
         # nonblocking collectives not yet done: every wait advances them all (waiting.wait_step)
         self.in_flight: list[InFlight] = []
+        self.in_flight_bytes = IN_FLIGHT_BYTES  # the most their arrays may hold (MPIRING_INFLIGHT_BYTES)
         # why this rank may have messages of an abandoned call in flight (the Communicator then
         # refuses every later call: those messages could match a later call's receives)
         self.broken: str | None = None

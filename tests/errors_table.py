@@ -104,6 +104,10 @@ ROWS: list[Row] = [
         "memory with the output of a nonblocking collective still in flight: wait() for it first (the ranks "
         "would disagree)`; the call in flight completes normally, and two calls may read one array. Host "
         "(NumPy) arrays only: device arrays are not checked", min_ranks=2),
+    Row("request-after-error", "a nonblocking or persistent request asked again (`test()`, `wait()`, `result`) after "
+        "it raised (every rank passed a different length: a wrong-size message, or a peer that gave up)",
+        "the same error object again, never a result; the request has left the set in flight, and the communicator "
+        "is broken on that rank (`CommunicatorBrokenError` at its next call)", min_ranks=2),
     Row("result-early", "`request.result` read before `test()` returned True or `wait()` returned",
         "`RuntimeError`: `allreduce is still in flight: call wait() or test() first`", min_ranks=2),
     # ---- ranks that disagree ----

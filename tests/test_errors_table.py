@@ -331,6 +331,36 @@ def _(comm):
     np.testing.assert_array_equal(request.wait(), np.full(2, float(N)))
 
 
+@row("request-after-error")
+def _(comm):
+    for form in ("iallreduce", "allreduce_init"):
+        fresh = _fresh(timeout=1.5)
+        x = np.ones(4 + RANK, dtype=np.float32)  # every receive gets the wrong size, or waits for a rank that left
+        if form == "iallreduce":
+            request = fresh.iallreduce(x)
+        else:
+            request = fresh.allreduce_init(x)
+            request.start()
+        first = None
+        deadline = time.monotonic() + 1.0
+        try:
+            while time.monotonic() < deadline and not request.test():
+                time.sleep(1e-3)
+            request.wait()
+        except (mpiring.CommunicationError, mpiring.CollectiveTimeout) as error:
+            first = error
+        assert first is not None, f"{form}: rank {RANK} got a result from lengths that differ"
+        for again in (request.test, request.wait, lambda request=request: request.result):
+            with pytest.raises(type(first)) as caught:
+                again()
+            assert caught.value is first, form
+        assert request not in fresh._ring.in_flight, form
+        with pytest.raises(mpiring.CommunicatorBrokenError):
+            fresh.barrier()
+        WORLD.Barrier()
+    _usable(comm)
+
+
 # ---- ranks that disagree ----
 
 @row("allgather-dtype")

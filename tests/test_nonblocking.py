@@ -127,3 +127,34 @@ def test_timeout_names_the_missing_rank():
         if RANK == (missing + 1) % N:  # the missing rank's right neighbour waits on it directly
             assert f"receive from rank {missing}" in text, text
     WORLD.Barrier()
+
+
+
+def test_requests_tested_once_and_dropped_are_bounded_and_finish(monkeypatch):
+    """A program that starts nonblocking collectives, tests each once and drops it: those in
+    flight never hold more than MPIRING_INFLIGHT_BYTES (a new call first waits for the oldest),
+    later calls finish them, and then nothing keeps them (or their buffers) alive."""
+    import gc
+    import weakref
+
+    bound = 1 << 20
+    monkeypatch.setenv("MPIRING_INFLIGHT_BYTES", str(bound))
+    comm = mpiring.Communicator()
+    x = all_inputs(31, N, 16 * 1024, np.float32)  # 64 KiB per call: holds 128 KiB
+    kept, dropped = [], []
+    for k in range(40):
+        request = comm.iallreduce(x[RANK] + k)
+        request.test()
+        assert sum(r.holds for r in comm._ring.in_flight) <= bound
+        (kept if k % 8 == 0 else dropped).append(request if k % 8 == 0 else weakref.ref(request))
+        del request
+    for k, request in zip(range(0, 40, 8), kept, strict=True):
+        assert_same(request.wait(), numpy_reduce("sum", [a + k for a in x]), f"iallreduce {k}")
+    for _ in range(1000):  # blocking calls advance what is left in flight
+        if not comm.allreduce(np.array([len(comm._ring.in_flight)])).item():
+            break
+        comm.barrier()
+    assert not comm._ring.in_flight
+    gc.collect()
+    assert all(ref() is None for ref in dropped)
+    comm.free()

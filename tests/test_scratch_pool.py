@@ -1,5 +1,5 @@
-"""The scratch pool (Ring.scratch, mpiring.engine.scratch), serially: bounded in bytes (MPIRING_SCRATCH_BYTES) and
-released by free()."""
+"""The scratch pool (Ring.scratch, mpiring.engine.scratch), serially: bounded in bytes
+(MPIRING_SCRATCH_BYTES) and released by free()."""
 
 from __future__ import annotations
 

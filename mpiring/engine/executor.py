@@ -20,12 +20,19 @@ from mpi4py import MPI
 
 from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
 from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
-from mpiring.engine.waiting import is_complete, poll, wait_step
+from mpiring.engine.waiting import is_complete, make_room, poll, progress_others, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.ring import Ring
 
 _startall, _testall, _waitall = MPI.Prequest.Startall, MPI.Request.Testall, MPI.Request.Waitall
 _BYTE = MPI.BYTE
+
+
+def array_bytes(arrays: tuple) -> int:
+    """The bytes a nonblocking call's (x, out) hold; an output it allocates is counted at x's size."""
+    x, out = arrays
+    held = getattr(x, "nbytes", 0)
+    return held + getattr(out, "nbytes", held)
 
 
 def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
@@ -48,16 +55,22 @@ class CollectiveRequest:
 
     Several may be in flight at once on one communicator (each call has its own tag), and may be
     waited for in any order on any rank: while one waits, the others in flight advance too.
+    A request that raised is over: it leaves the set in flight, and every later test(), wait()
+    or `result` raises the same error again (never a result).
     """
 
     def __init__(self, ring: Ring, steps: Steps, call: Call) -> None:
         self._ring = ring
         self._steps = steps
         self._call = call
+        self.holds = array_bytes(call.arrays)
+        make_room(ring, self.holds)
         self._done = False
         self._result: Any = None
+        self._error: BaseException | None = None
         self._step: Step | None = None
         self._advance()
+        progress_others(ring)  # requests tested once and dropped finish as later calls come
         if not self._done:
             ring.in_flight.append(self)
 
@@ -72,9 +85,8 @@ class CollectiveRequest:
         except StopIteration as finished:
             self._done, self._result, self._step = True, finished.value, None
             self._leave()
-        except BaseException:  # the collective raised (a mismatch every rank found): it is over
-            self._done, self._step = True, None
-            self._leave()
+        except BaseException as error:  # the collective raised (a mismatch every rank found): it is over
+            self._fail(error)
             raise
 
     def _leave(self) -> None:
@@ -82,11 +94,25 @@ class CollectiveRequest:
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
 
+    def _fail(self, error: BaseException) -> None:
+        """The collective raised: it is over, and `error` is all it will ever give. An error that
+        may leave its messages in flight breaks the ring, which keeps the step's buffers alive."""
+        if isinstance(error, (CollectiveTimeout, CommunicationError)):
+            self._ring.abandon(self._call, error, (self._step, self._steps))
+        self._done, self._error, self._step = True, error, None
+        self._leave()
+
     def test(self) -> bool:
-        """Make what progress is possible without blocking; True once the collective is done."""
+        """Make what progress is possible without blocking; True once the collective is done.
+
+        It raises only what wait() would raise at the same point (it never waits, so never a
+        timeout), and once it has raised, test(), wait() and `result` raise that error again."""
+        if self._error is not None:
+            raise self._error
         if self._done:
             return True
         self._ring.claim(self._call.collective)
+        progress_others(self._ring, self)  # as wait() does: the ranks may test in different orders
         return self.progress()
 
     def progress(self) -> bool:
@@ -95,12 +121,15 @@ class CollectiveRequest:
             while not self._done and is_complete(self._ring, self._step, self._call):
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error, (self._step, self._steps))
+            if self._error is None:
+                self._fail(error)
             raise
         return self._done
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
+        if self._error is not None:
+            raise self._error
         if self._done:
             return self._result
         self._ring.claim(self._call.collective)
@@ -109,18 +138,21 @@ class CollectiveRequest:
                 wait_step(self._ring, self._step, self._call, self)
                 self._advance()
         except (CollectiveTimeout, CommunicationError) as error:
-            self._ring.abandon(self._call, error, (self._step, self._steps))
+            if self._error is None and not self._done:
+                self._fail(error)
             raise
         return self._result
 
     @property
     def done(self) -> bool:
-        """Whether the collective has completed (as last seen by test() or wait())."""
+        """Whether the collective is over (completed, or raised), as last seen by test() or wait()."""
         return self._done
 
     @property
     def result(self) -> Any:
         """The collective's result once test() has returned True (or wait() returned)."""
+        if self._error is not None:
+            raise self._error
         if not self._done:
             raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
         return self._result
@@ -212,7 +244,8 @@ class PersistentRequest:
     """A collective made once and started many times (MPI-4's persistent collectives).
 
     `start()` begins a run; `test()` and `wait()` then behave as a nonblocking collective's
-    request, and `wait()` returns the result. Every rank must start its requests, and call its
+    request, and `wait()` returns the result; a run that raised gives only that error (test(),
+    wait() and `result` raise it again) until the next start(). Every rank must start its requests, and call its
     other collectives, in the same order. The arrays given when it was made are bound to it:
     change their contents between runs, not the arrays. `free()` releases it.
 
@@ -231,6 +264,8 @@ class PersistentRequest:
         self._position = -1  # a planned run: the exchange in flight (-1: never started)
         self._running = False
         self._freed = False
+        self._error: BaseException | None = None  # what the last run raised: it gives nothing else
+        self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
 
     @property
     def arrays(self) -> tuple:
@@ -247,8 +282,9 @@ class PersistentRequest:
                                "wait() for it before starting it again")
         self._started()
         ring, call, plan = self._ring, self._call, self._plan
+        make_room(ring, self.holds)
         call.step = 0
-        self._running = True
+        self._running, self._error = True, None
         if plan is None or plan.exchanges is None:
             if plan is not None:
                 count_traffic(ring, plan)
@@ -256,13 +292,15 @@ class PersistentRequest:
             else:
                 call.tag = ring.next_tag()  # each replay is a new call with its own tag
                 steps = self._replay()
-            self._run = CollectiveRequest(ring, steps, call)
+            self._run = None
+            self._run = self._run_step(lambda: CollectiveRequest(ring, steps, call))
             self._running = not self._run.done
             return
         count_traffic(ring, plan)
         for work in plan.prologue:
             work()
         self._position = 0
+        progress_others(ring)  # requests tested once and dropped finish as later calls come
         if plan.exchanges:
             _startall(plan.exchanges[0][1])
             ring.in_flight.append(self)
@@ -273,7 +311,7 @@ class PersistentRequest:
         """Advance as far as possible without blocking (waiting.wait_step calls it for requests in
         flight while another one waits); True once the run is complete."""
         if self._run is not None:
-            self._running = not self._run.progress()
+            self._running = not self._run_step(self._run.progress)
             return not self._running
         exchanges, ring, call = self._plan.exchanges, self._ring, self._call
         try:
@@ -290,10 +328,10 @@ class PersistentRequest:
         if not self._running:
             return True
         self._ring.claim(self._call.collective)
+        progress_others(self._ring, self)  # as wait() does: the ranks may test in different orders
         if self._run is not None:
-            done = self._run.test()
-            self._running = not done
-            return done
+            self._running = not self._run_step(self._run.test)
+            return not self._running
         return self.progress()
 
     def wait(self) -> Any:
@@ -301,9 +339,9 @@ class PersistentRequest:
         self._check_started()
         ring, call = self._ring, self._call
         if self._run is not None:
-            result = self._run.wait()
+            self._run_step(self._run.wait)
             self._running = False
-            return result
+            return self._run.result
         if self._running:
             ring.claim(call.collective)
             exchanges = self._plan.exchanges
@@ -350,12 +388,23 @@ class PersistentRequest:
             self._running = False
             self._ring.in_flight.remove(self)
 
+    def _run_step(self, advance: Callable[[], Any]) -> Any:
+        """Advance a generator-driven run; what it raises ends this run (the request's error)."""
+        try:
+            return advance()
+        except BaseException as error:
+            self._running, self._error = False, error
+            raise
+
     def _abandon(self, error: BaseException) -> None:
-        self._running = False
+        self._running, self._error = False, error
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
         self._ring.abandon(self._call, error, self._plan)  # keeps its buffers: MPI may still write them
 
     def _check_started(self) -> None:
+        """Raise what the last run raised, or that there was no run yet."""
+        if self._error is not None:
+            raise self._error
         if self._position < 0 and self._run is None:
             raise RuntimeError(f"this persistent {self._call.collective} request was never started: call start()")

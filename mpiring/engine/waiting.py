@@ -5,6 +5,8 @@ where a rank notices that a peer is in another call, or has left this one.
                                    with one, `poll`); check the sizes, run the step's `after`
     is_complete(ring, step, call)  the same without blocking: True once done
     wait_step(ring, step, call)    complete, while advancing every other collective in flight
+    progress_others(ring)          advance once every nonblocking collective in flight
+    make_room(ring, nbytes)        wait for the oldest in flight while they hold too many bytes
     poll(ring, step, ...)          the timed wait: offer the core, then back off, until the deadline
 
 A long wait in a blocking call looks (`_Watch`, every 20 ms) at the first unmatched message of
@@ -14,6 +16,7 @@ each peer it waits for: one of another blocking call, or a notice that the peer 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -84,9 +87,10 @@ def wait_step(ring: Ring, step: Step, call: Call, waiting: InFlight | None = Non
     deadline = None if call.timeout is None else start + call.timeout
     watch = _Watch(ring, step, call, start)
     pause = 0.0
-    while not is_complete(ring, step, call):
-        for request in [r for r in ring.in_flight if r is not waiting]:
-            request.progress()
+    while True:
+        progress_others(ring, waiting)
+        if is_complete(ring, step, call):
+            return
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             _raise_timeout(step, call)
@@ -94,6 +98,27 @@ def wait_step(ring: Ring, step: Step, call: Call, waiting: InFlight | None = Non
         if pause:
             time.sleep(pause)
         pause = min(max(pause * 2, 1e-6), 1e-4)  # spin once, then back off a little
+
+
+def progress_others(ring: Ring, waiting: InFlight | None = None) -> None:
+    """Advance once every nonblocking collective in flight but `waiting`. Ranks may wait for
+    their requests in different orders, and a request the program dropped must still finish
+    and let go of its buffers. What another request raises stays with it (test(), wait() and
+    `result` raise it; one that may leave messages in flight has broken the ring, so the
+    next call says so): it is not this call's error."""
+    for request in [r for r in ring.in_flight if r is not waiting]:
+        with contextlib.suppress(Exception):  # kept by that request (CollectiveRequest._fail)
+            request.progress()
+
+
+def make_room(ring: Ring, nbytes: int) -> None:
+    """Before a nonblocking collective whose arrays hold `nbytes` starts: while those in flight
+    would then hold more than `ring.in_flight_bytes`, wait for the oldest. Requests a program
+    tests once and drops would otherwise pile up; every rank issues the same calls in the same
+    order, so its peers reach the same point and the oldest can finish."""
+    while ring.in_flight and sum(request.holds for request in ring.in_flight) + nbytes > ring.in_flight_bytes:
+        with contextlib.suppress(Exception):  # an error stays with that request (see progress_others)
+            ring.in_flight[0].wait()
 
 
 def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:

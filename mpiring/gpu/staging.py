@@ -163,10 +163,10 @@ class _Segment:
 class StagedTransfer:
     """The messages of one ring step of a staged backend, pushed along by `progress`.
 
-    Built by `post` (called from Ring.post for a staged backend); the wait loops (mpiring.engine.waiting) call
-    `progress(call)` until it returns True. Fills `step.requests`/`step.peers` like Ring.post,
-    so timeouts name the same peers; checks received sizes itself, because a segment's status
-    is consumed when its receive is tested.
+    Built by `post` (called from Ring.post for a staged backend); the wait loops
+    (mpiring.engine.waiting) call `progress(call)` until it returns True. Fills `step.requests`/
+    `step.peers` like Ring.post, so timeouts name the same peers; checks received sizes itself,
+    because a segment's status is consumed when its receive is tested.
     """
 
     def __init__(
