@@ -106,6 +106,6 @@ def time_calls(comm: MPI.Comm, calls: Sequence[Call], *, iters: int, reps: int, 
     """
     if iters < 1 or reps < 1 or warmup < 0:
         raise ValueError(f"timing needs iters >= 1, reps >= 1 and warmup >= 0; got iters={iters}, "
-                            f"reps={reps}, warmup={warmup}")
+                         f"reps={reps}, warmup={warmup}")
     warm_up(calls, warmup)
     return over_ranks(comm, rank_medians(comm, calls, iters, reps, sync, clock))

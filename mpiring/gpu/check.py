@@ -38,7 +38,6 @@ from mpi4py import MPI
 
 import mpiring
 from mpiring.bench import timing
-from mpiring.bench.timing import Call
 
 MIB = 1 << 20
 
@@ -48,7 +47,7 @@ MIB = 1 << 20
 PROBE_ITERS = 4
 
 
-def _seconds(world: MPI.Intracomm, calls: Sequence[Call], sync: Call, repeats: int, iters: int,
+def _seconds(world: MPI.Intracomm, calls: Sequence[timing.Call], sync: timing.Call, repeats: int, iters: int,
              warmup: int) -> list[float]:
     """Seconds per call of each of `calls`, taking turns (mpiring.bench.timing: the mean over
     ranks of each rank's median batch)."""
@@ -114,18 +113,18 @@ def host_mpi_bandwidth(world: MPI.Intracomm, nbytes: int, repeats: int, warmup: 
     return nbytes / seconds / 1e9
 
 
-def allreduce_busbw(cupy: Any, world: MPI.Intracomm, runs: dict[str, Call], nbytes: int, repeats: int,
+def allreduce_busbw(cupy: Any, world: MPI.Intracomm, runs: dict[str, timing.Call], nbytes: int, repeats: int,
                     iters: int, warmup: int = 1) -> dict[str, float]:
     """Bus bandwidth (GB/s, nccl-tests' 2(p-1)/p n / t) of each named all-reduce of `nbytes`,
     the runs taking turns."""
     p = world.Get_size()
     factor = 2 * (p - 1) / p if p > 1 else 1.0
-    stream_sync = cupy.cuda.get_current_stream().synchronize
-    seconds = _seconds(world, list(runs.values()), stream_sync, repeats, iters, warmup)
+    seconds = _seconds(world, list(runs.values()), lambda: cupy.cuda.get_current_stream().synchronize(), repeats,
+                       iters, warmup)
     return {name: nbytes / t / 1e9 * factor for name, t in zip(runs, seconds, strict=True)}
 
 
-def _on_path(call: Call, **environment: str | None) -> Call:
+def _on_path(call: timing.Call, **environment: str | None) -> timing.Call:
     """`call` with the environment variables that choose its path set before every call: the
     paths take turns in the timed rounds, and mpiring reads these variables on every call
     (mpiring.gpu.device_backend). Setting them costs microseconds; the calls take milliseconds."""
