@@ -204,9 +204,11 @@ def test_gpu_check_allreduce_paths_take_turns_through_it(spy, monkeypatch):
 
     monkeypatch.delenv("MPIRING_GPU_IPC", raising=False)
     made: list[str | None] = []
-    run = check._on_path(lambda: made.append(os.environ.get("MPIRING_GPU_IPC")), MPIRING_GPU_IPC="1")
-    runs = {"staged": check._on_path(lambda: made.append(os.environ.get("MPIRING_GPU_IPC")), MPIRING_GPU_IPC="0"),
-            "ipc": run}
+
+    def allreduce() -> None:  # stands in for comm.allreduce: notes the path it would take
+        made.append(os.environ.get("MPIRING_GPU_IPC"))
+
+    runs = {path: check._on_path(allreduce, MPIRING_GPU_IPC=value) for path, value in (("staged", "0"), ("ipc", "1"))}
     busbw = check.allreduce_busbw(FakeCupy(), MPI.COMM_SELF, runs, 1 << 20, repeats=2, iters=3, warmup=1)
     assert list(busbw) == ["staged", "ipc"] and all(0 < v < math.inf for v in busbw.values())
     [seen] = spy
