@@ -17,7 +17,7 @@ from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
-from mpiring.engine.partition import bounds_from_counts, split_bounds
+from mpiring.engine.partition import bounds_from_counts, row_bounds
 from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, CollectiveMismatchError
 from mpiring.ring import Ring
@@ -198,10 +198,9 @@ def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: st
                    counts: list[int] | None = None) -> Steps:
     """`counts`: every rank's rows of the result (checked to add up to x's rows); None splits
     x as numpy.array_split does."""
-    rows = split_bounds(x.shape[0], ring.size) if counts is None else bounds_from_counts(counts)
+    rows = row_bounds(x.shape[0], ring.size, counts)
     r = ring.rank
-    shape = (rows[r + 1] - rows[r], *x.shape[1:])
-    check_out("reduce_scatter", out, shape, x.dtype, backend)
+    shape = (rows[r + 1] - rows[r], *x.shape[1:])  # out= was checked against it (Communicator)
     if is_bfloat16(x.dtype):
         return (yield from in_float32(reduce_scatter, ring, backend, call, x, out, op=op, counts=counts))
     target = Output(backend, out, shape, x.dtype, source=x)
@@ -251,7 +250,7 @@ def scatter(
         shape, dtype = yield from _scatter_header(ring, backend, call, x, root, root_problem)
     else:
         shape, dtype = layout
-    rows = split_bounds(shape[0], ring.size) if counts is None else bounds_from_counts(counts)
+    rows = row_bounds(shape[0], ring.size, counts)
     r = ring.rank
     mine_shape = (rows[r + 1] - rows[r], *shape[1:])
     check_out("scatter", out, mine_shape, dtype, backend)

@@ -8,6 +8,7 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from threading import get_ident
@@ -20,6 +21,7 @@ from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.engine.executor import CollectiveRequest, PersistentRequest, run_plan, run_to_end
+from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.engine.scratch import POOL_BYTES
 from mpiring.engine.transport import Call, Steps, Traffic
@@ -30,6 +32,7 @@ from mpiring.errors import (
     CommunicatorBrokenError,
     CommunicatorFreedError,
     ConcurrentUseError,
+    MpiringError,
 )
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
@@ -195,10 +198,19 @@ class Communicator(BufferAPI):
             if self._ring.in_flight:
                 self._check_aliasing(collective, args[0], args[1])
             return getattr(self, "_" + collective)(*args)  # _allreduce and the like, below
-        except BaseException:
+        except BaseException as error:
             if self._ring.calls == taken:
                 self._ring.next_tag()
+                if self._check is not None and isinstance(error, ArgumentError):
+                    self._refuse(collective, error)
             raise
+
+    def _refuse(self, collective: str, error: ArgumentError) -> None:
+        """MPIRING_CHECK: this rank's own arguments failed before its call was compared. Send the
+        error in the check's exchange, so every other rank raises it too (Checker.refuse); if the
+        exchange itself fails, the ArgumentError is still what this rank raises."""
+        with contextlib.suppress(MpiringError):
+            self._check.refuse(collective, self.timeout, error)
 
     def _check_aliasing(self, collective: str, x: Any, out: Any) -> None:
         """Refuse a call whose output overlaps an array of a collective still in flight, or whose
@@ -389,6 +401,8 @@ class Communicator(BufferAPI):
         counts = check_counts("reduce_scatter", counts, self.size)
         if counts is not None and sum(counts) != x.shape[0]:
             raise ArgumentError("reduce_scatter", "counts", f"add up to {sum(counts)} rows but x has {x.shape[0]}")
+        rows = row_bounds(x.shape[0], self.size, counts)
+        check_out("reduce_scatter", out, (rows[self.rank + 1] - rows[self.rank], *x.shape[1:]), x.dtype, backend)
         call = self._call("reduce_scatter", algorithm, timeout, x, op)
         body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out, counts=counts)
         return Built(call, backend, body, _plannable(backend, x))

@@ -28,6 +28,9 @@ records have a fixed size and a private tag, the exchange itself always matches 
 the ranks called. It is blocking even for the nonblocking collectives: `icollective` returns
 only after every rank has issued the same call (a debugging mode, not a fast one).
 
+A rank whose own arguments failed before its record went out (Communicator._refuse) still
+exchanges one, carrying its ArgumentError, and every other rank raises that error too.
+
 After a mismatch every rank has raised and no message is left in flight, so the communicator
 stays usable (unless the sequence numbers differed: then the ranks' call counters, which also
 pick the message tags, disagree, and later collectives would not match).
@@ -51,7 +54,7 @@ from mpiring.backend import NUMPY, dtype_token
 from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
 from mpiring.engine.executor import run_to_end
 from mpiring.engine.transport import Call, Steps
-from mpiring.errors import ArgumentTypeError, CollectiveMismatchError
+from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Ring
 
 # Collective calls take tags from 1 up (Ring.next_tag), never 0: 0 is the check's own.
@@ -60,6 +63,8 @@ CHECK_TAG = 0
 _TEXT = 32  # bytes for a name in a record; longer names are shortened with a checksum
 _MAX_DIMS = 8  # dimensions stored as numbers; a longer shape is also compared by checksum
 _UNKNOWN = -1
+_PROBLEM = 192  # bytes for the problem of a refused argument; longer ones are cut
+_ERROR_KINDS = (None, ArgumentError, ArgumentTypeError)  # error_kind indexes this
 
 RECORD = numpy.dtype([
     ("seq", "<i8"),
@@ -71,6 +76,10 @@ RECORD = numpy.dtype([
     ("ndim", "<i8"),
     ("dims", "<i8", (_MAX_DIMS,)),
     ("shape_crc", "<i8"),
+    # a rank that refused its own arguments: the ArgumentError's kind (0: none), argument, problem
+    ("error_kind", "<i8"),
+    ("argument", f"S{_TEXT}"),
+    ("problem", f"S{_PROBLEM}"),
 ])
 assert RECORD.fields["seq"][1] == 0 and RECORD.itemsize % 8 == 0  # Checker writes seq as word 0
 
@@ -136,22 +145,43 @@ class Checker:
             collective, call.algorithm, op if collective in REDUCING else None,
             root if collective in ROOTED else None, dtype, shape,
         )
+        self._exchange(call)
+        records = self.table.tobytes()
+        if records == records[: RECORD.itemsize] * ring.size:
+            return  # the usual case: every record is the same, byte for byte
+        refused = self.table["error_kind"].nonzero()[0]
+        if refused.size:  # another rank refused its arguments: raise its error here too
+            raise _refusal(collective, self.table[refused[0]], int(refused[0]))
+        groups = _differences(self.table)
+        if groups:
+            raise CallMismatchError(collective, groups, _odd_ranks(groups, ring.size))
+
+    def refuse(self, collective: str, timeout: float | None, error: ArgumentError) -> None:
+        """This rank raises `error` for its own arguments before it could compare the call: take
+        part in the exchange anyway, with a record that carries the error, so that every other
+        rank raises the same ArgumentError rather than waiting for this one."""
+        self.seq += 1
+        record = numpy.zeros(1, RECORD)
+        record["collective"] = _text(collective)
+        record["error_kind"] = _ERROR_KINDS.index(type(error)) if type(error) in _ERROR_KINDS else 1
+        record["argument"] = _text(error.argument)
+        record["problem"] = error.problem.encode()[:_PROBLEM]
+        self._rows[self.ring.rank] = record.view(numpy.uint8)
+        self._exchange(Call(collective, "auto", CHECK_TAG, timeout))
+
+    def _exchange(self, call: Call) -> None:
+        """Send this rank's record (with this call's seq) to every rank and receive theirs."""
+        ring = self.ring
         self._words[ring.rank, 0] = self.seq
         # The check's own messages are not the collective's: keep them out of the traffic counts
         # (tests and benchmarks compare those with the algorithms' byte counts).
         traffic = ring.traffic
         saved = (traffic.bytes_sent, traffic.bytes_received, traffic.messages)
-        checking = Call(collective, f"consistency check before {call.algorithm}", CHECK_TAG, call.timeout)
+        checking = Call(call.collective, f"consistency check before {call.algorithm}", CHECK_TAG, call.timeout)
         try:
             run_to_end(ring, _exchange(ring, self._sends, self._receives), checking)
         finally:
             traffic.bytes_sent, traffic.bytes_received, traffic.messages = saved
-        records = self.table.tobytes()
-        if records == records[: RECORD.itemsize] * ring.size:
-            return  # the usual case: every record is the same, byte for byte
-        groups = _differences(self.table)
-        if groups:
-            raise CallMismatchError(collective, groups, _odd_ranks(groups, ring.size))
 
 
 @functools.lru_cache(maxsize=512)
@@ -201,6 +231,14 @@ def _pairs(ring: Ring, rows: Any) -> tuple[list, list]:
 def _exchange(ring: Ring, sends: list, receives: list) -> Steps:
     """All the rows in one step: every rank sends to and receives from every other rank."""
     yield ring.post(NUMPY, CHECK_TAG, sends=sends, receives=receives)
+
+
+def _refusal(collective: str, record: Any, rank: int) -> ArgumentError:
+    """The ArgumentError another rank raised for its own arguments, as this rank raises it."""
+    kind = _ERROR_KINDS[int(record["error_kind"])]
+    problem = record["problem"].decode(errors="replace")
+    return kind(collective, record["argument"].decode(errors="replace"), f"{problem} (on rank {rank}; MPIRING_CHECK "
+                "makes every rank raise it)")
 
 
 def _text(value: str) -> bytes:

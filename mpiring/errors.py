@@ -17,6 +17,7 @@ class ArgumentError(MpiringError, ValueError):
     def __init__(self, collective: str, argument: str, problem: str) -> None:
         self.collective = collective
         self.argument = argument
+        self.problem = problem
         super().__init__(f"{collective}: argument '{argument}': {problem}")
 
 

@@ -3,42 +3,34 @@
 
     mpirun -n 2 python scripts/measure_call_cost.py [--bytes 8] [--write docs/engine.md]
 
-Three variants of one all-reduce of float32 into out=, interleaved in rounds so a disturbance
-from outside hits all alike; each round times a batch of calls, and the table gives each
-variant's median round:
+Variants of one all-reduce of float32 into out=, timed by mpiring.bench.timing (the
+benchmark's method and statistic): they take turns batch by batch in rounds, so a disturbance
+from outside hits all alike, each rank keeps each variant's median batch, and the table gives
+the mean over ranks:
 - native: mpi4py's `Allreduce`;
 - Python floor: the same exchange and add written out by hand with persistent requests made once
   (`Startall`, `Waitall` with statuses, one size check, `np.add(..., out=)`), what any Python
   implementation pays at least;
-- mpiring: `comm.allreduce(x, out=y)` with its plan cached;
-then, on rank 0 alone, a replay of the plan without the call around it (`run_plan`), so the
-difference to the full call is the cache lookup and per-call checks.
+- mpiring: `comm.allreduce(x, out=y)` with its plan cached, also on a communicator without a
+  timeout, and as a persistent request;
+- a replay of the plan without the call around it (`run_plan`), so the difference to the full
+  call is the cache lookup and per-call checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import mpiring
+from mpiring.bench import timing
 from mpiring.engine.executor import run_plan
 
 MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
-
-
-def batch(function, calls: int) -> float:
-    for _ in range(20):
-        function()
-    MPI.COMM_WORLD.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        function()
-    return (time.perf_counter() - start) / calls * 1e6
+WARMUP = 20  # untimed calls of each variant
 
 
 def main() -> None:
@@ -84,26 +76,23 @@ def main() -> None:
     comm.allreduce(x, out=y)
     plan = comm.plan_of("allreduce", x, y)
     variants["the plan's replay alone (`run_plan`)"] = lambda: run_plan(comm._ring, plan, None)
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, function in variants.items():
-            times[name].append(batch(function, args.calls))
+    timings = timing.time_calls(world, list(variants.values()), iters=args.calls, reps=args.rounds, warmup=WARMUP)
+    us = {name: t.avg * 1e6 for name, t in zip(variants, timings, strict=True)}
     for request in requests:
         request.Free()
     persistent.free()
     if world.rank:
         return
-    native = statistics.median(times["native `Allreduce`"])
+    native = us["native `Allreduce`"]
     lines = [f"{args.bytes}-byte float32 all-reduce, 2 ranks, MPICH {MPI.Get_library_version().split()[2]}, "
-             f"median of {args.rounds} rounds of {args.calls} calls:", "",
+             f"{timing.describe(args.calls, args.rounds, WARMUP)}:", "",
              "| variant | us per call | x native |", "| --- | --- | --- |"]
-    for name, values in times.items():
-        median = statistics.median(values)
-        lines.append(f"| {name} | {median:.2f} | {median / native:.2f} |")
-    call = statistics.median(times["mpiring `comm.allreduce(x, out=y)`, planned"])
-    replay = statistics.median(times["the plan's replay alone (`run_plan`)"])
-    floor_us = statistics.median(times["Python floor (persistent requests, by hand)"])
-    no_limit = statistics.median(times["the same on a `Communicator(timeout=math.inf)` (no timeout)"])
+    for name, value in us.items():
+        lines.append(f"| {name} | {value:.2f} | {value / native:.2f} |")
+    call = us["mpiring `comm.allreduce(x, out=y)`, planned"]
+    replay = us["the plan's replay alone (`run_plan`)"]
+    floor_us = us["Python floor (persistent requests, by hand)"]
+    no_limit = us["the same on a `Communicator(timeout=math.inf)` (no timeout)"]
     lines += ["", f"Of mpiring's {call:.2f} us: {floor_us:.2f} the floor's messages and add, "
               f"{replay - floor_us:.2f} the executor around them (traffic counters, step loop, "
               f"functions bound at build time), {call - replay:.2f} the call itself (method, cache "

@@ -4,11 +4,12 @@ it waits for a late peer with and without a timeout.
 
     mpirun -n 2 python scripts/measure_reliability_costs.py      # also -n 4; --bytes 8 4096
 
-Prints, from rank 0: the best per-call latency over repetitions of a timed loop (the loop's time
-is the slowest rank's) for mpiring without and with the check, and mpi4py's native Allreduce for
-scale; the cost of creating a communicator; then the CPU seconds per second of waiting of the
-ranks that wait --late seconds for rank 0 (MPI_Waitall without a timeout, mpiring's backing-off
-poll with one). docs/reliability.md holds the last result.
+Prints, from rank 0: the per-call latency of mpiring without and with the check, and of mpi4py's
+native Allreduce for scale; the cost of creating a communicator; then the CPU seconds per second
+of waiting of the ranks that wait --late seconds for rank 0 (MPI_Waitall without a timeout,
+mpiring's backing-off poll with one). Latencies are timed by mpiring.bench.timing, the
+benchmark's method and statistic: the variants take turns batch by batch, each rank keeps its
+median batch, and the mean over ranks is printed. docs/reliability.md holds the last result.
 """
 
 from __future__ import annotations
@@ -22,31 +23,21 @@ import numpy as np
 from mpi4py import MPI
 
 import mpiring
+from mpiring.bench import timing
 
 WORLD = MPI.COMM_WORLD
+CREATIONS = 10  # communicators made and freed per timed batch
 
 
-def _loop_seconds(call, iterations: int) -> float:
-    """Seconds per call of `call`, timed on every rank and taken from the slowest."""
-    WORLD.Barrier()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        call()
-    elapsed = time.perf_counter() - start
-    return WORLD.allreduce(elapsed, op=MPI.MAX) / iterations
+def warmup_calls(iterations: int) -> int:
+    return max(iterations // 10, 10)
 
 
 def measure(calls: list, iterations: int, repeats: int) -> list[float]:
-    """For each call, the best of `repeats` timed loops; the calls take turns loop by loop, so
-    they see the same load (the machine's noise only ever adds time)."""
-    for call in calls:
-        for _ in range(max(iterations // 10, 10)):  # warm up
-            call()
-    best = [float("inf")] * len(calls)
-    for _ in range(repeats):
-        for k, call in enumerate(calls):
-            best[k] = min(best[k], _loop_seconds(call, iterations))
-    return best
+    """Seconds per call of each of `calls` (mpiring.bench.timing's mean over ranks of each rank's
+    median batch); the calls take turns batch by batch, so they see the same load."""
+    timings = timing.time_calls(WORLD, calls, iters=iterations, reps=repeats, warmup=warmup_calls(iterations))
+    return [t.avg for t in timings]
 
 
 def waiting_cpu(comm: mpiring.Communicator, late: float, timeout: float | None) -> float:
@@ -77,19 +68,14 @@ def main() -> None:
                                    lambda x=x: checked.allreduce(x)], args.iterations, args.repeats)
         rows.append((nbytes, native, off, on))
     # Creating a communicator: Dup, plus the check agreement (one exchange) in both modes.
-    start = time.perf_counter()
-    for _ in range(50):
-        mpiring.Communicator(check=False).free()
-    create = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX) / 50
-    start = time.perf_counter()
-    for _ in range(50):
-        WORLD.Dup().Free()
-    dup = WORLD.allreduce(time.perf_counter() - start, op=MPI.MAX) / 50
+    create, dup = measure([lambda: mpiring.Communicator(check=False).free(), lambda: WORLD.Dup().Free()],
+                          CREATIONS, args.repeats)
     spinning = waiting_cpu(plain, args.late, math.inf)  # no timeout: one MPI_Waitall (None is the 10-min default)
     polling = waiting_cpu(plain, args.late, 3600.0)
     if WORLD.Get_rank() == 0:
         print(MPI.Get_library_version().splitlines()[0].strip())
-        print(f"{WORLD.Get_size()} ranks, best of {args.repeats} x {args.iterations} calls")
+        statistic = timing.describe(args.iterations, args.repeats, warmup_calls(args.iterations))
+        print(f"{WORLD.Get_size()} ranks; {statistic} (communicators: batches of {CREATIONS})")
         print("| bytes | native Allreduce | mpiring, check off | mpiring, MPIRING_CHECK=1 | check adds |")
         print("| --- | --- | --- | --- | --- |")
         for nbytes, native, off, on in rows:

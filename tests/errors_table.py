@@ -90,10 +90,12 @@ ROWS: list[Row] = [
         "(`... this rank has seen 1 more failed call(s) than rank 1 ...`). Peers that need nothing from it (a "
         "reduce's senders) return their own result, None. Make a new communicator", min_ranks=2),
     Row("out-some-ranks", f"`out=` that is wrong on some ranks only, every rank passing the same (reduce-scatter "
-        f"of p+2 rows with `out=` of 1 row: rank 0's and 1's parts have 2; {T}); or wrong on the root only with "
-        "`MPIRING_CHECK=1`", "`ArgumentError` where it is wrong; every other rank raises `MessageMismatchError` "
-        "within about 50 ms, from the notice of a rank that raised (`rank 1 raised in a blocking call and left "
-        "it (see the error there) ...`); no rank waits for its timeout", min_ranks=2),
+        f"of p+2 rows with `out=` of 1 row: rank 0's and 1's parts have 2; {T}), or on the root only",
+        "`ArgumentError` where it is wrong; every other rank raises `MessageMismatchError` within about 50 ms, "
+        "from the notice of a rank that raised (`rank 1 raised in a blocking call and left it (see the error "
+        "there) ...`); no rank waits for its timeout. With `MPIRING_CHECK=1` every rank raises the same "
+        "`ArgumentError` at once (`reduce: argument 'out': has shape (3,), expected (2,) (on rank 0; "
+        "MPIRING_CHECK makes every rank raise it)`), and the communicator stays usable", min_ranks=2),
     Row("threads", "one `Communicator` called from two threads (taking turns or at once)",
         "`ConcurrentUseError` (a `RuntimeError`) at the second thread's first call: `allreduce: called from a "
         "second thread; a Communicator serves the thread that first called it (make one per thread), and this one "

@@ -22,6 +22,7 @@ from mpiring.bench.launch import bench_command, mpirun_env
 from mpiring.bench.options import COLLECTIVE_NAMES, parse_bytes, parse_options
 from mpiring.bench.report import FIELDS
 from mpiring.bench.table import COLLECTIVES
+from mpiring.bench.timing import describe
 
 RANKS = 2
 MPI_TIMEOUT = 60  # seconds MPIEXEC_TIMEOUT gives one job
@@ -238,6 +239,7 @@ def test_results_have_every_field_and_consistent_sizes(sweep_run):
     assert data["meta"]["ranks"] == RANKS
     for key in ("mpi_library", "mpi4py", "cpu_model", "nproc", "statistic", "options", "command"):
         assert data["meta"][key], key
+    assert data["meta"]["statistic"] == describe(iters=2, reps=2, warmup=1)  # mpiring.bench.timing's
     for r in data["results"]:
         assert list(r) == FIELDS
         name, n = r["collective"], r["ranks"]

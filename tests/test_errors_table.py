@@ -268,19 +268,25 @@ def _(comm):
             assert o.error == "MessageMismatchError" and "raised in a blocking call and left it" in o.message, \
                 describe(outcomes)
             assert o.seconds <= 1.0, describe(outcomes)
-    checked = _fresh(check=True, timeout=T)  # the same on the root only, checked: the others raise at once too
+    checked = _fresh(check=True, timeout=T)  # checked, every rank raises the same ArgumentError, at once
     bad = np.empty(3) if RANK == 0 else None
-    outcomes = everyone(attempt(lambda: checked.reduce(np.ones(2), out=bad)))
-    assert outcomes[0].error == "ArgumentError", describe(outcomes)
-    assert all(o.error == "MessageMismatchError" and o.seconds <= 1.0 for o in outcomes[1:]), describe(outcomes)
+    one_row = np.empty((1, 2))
+    for call, problem in ((lambda: checked.reduce(np.ones(2), out=bad), "has shape (3,), expected (2,)"),
+                          (lambda: checked.reduce_scatter(x, out=one_row), "has shape (1, 2), expected (2, 2)")):
+        outcomes = everyone(attempt(call))
+        _all_raise(outcomes, "ArgumentError", problem, argument="out")
+        assert all(o.seconds <= 1.0 for o in outcomes), describe(outcomes)
+        _usable(checked)  # every rank raised in the same call: the communicator stays usable
     _usable(comm)
 
 
 @row("aliasing")
 def _(comm):
-    inplace, out, shared = np.ones(4), np.empty(4), np.arange(4.0)
+    # 8 MiB each, so the two stay in flight through the checks (a new call advances those in flight once)
+    big = 1 << 20
+    inplace, out, shared = np.ones(big), np.empty(big), np.arange(4.0)
     first = comm.iallreduce(inplace, out=inplace)
-    second = comm.ibroadcast(np.full(4, 7.0), out=out)
+    second = comm.ibroadcast(np.full(big, 7.0), out=out)
     for call, argument, what in ((lambda: comm.iallreduce(inplace, out=inplace), "out", "input"),
                                  (lambda: comm.allreduce(out), "x", "output"),
                                  (lambda: comm.reduce(shared[:2], out=out[1:3]), "out", "output")):
@@ -288,8 +294,8 @@ def _(comm):
             call()
         assert caught.value.argument == argument
     readers = comm.iallreduce(shared, out=np.empty(4)), comm.iallreduce(shared, out=np.empty(4))  # reading is fine
-    np.testing.assert_array_equal(first.wait(), np.full(4, float(N)))
-    np.testing.assert_array_equal(second.wait(), np.full(4, 7.0))
+    np.testing.assert_array_equal(first.wait(), np.full(big, float(N)))
+    np.testing.assert_array_equal(second.wait(), np.full(big, 7.0))
     for request in readers:
         np.testing.assert_array_equal(request.wait(), np.arange(4.0) * N)
     _usable(comm)

@@ -3,21 +3,21 @@
 For each size, on every rank:
 1. buffers are made once (inputs hold small integers, so every reduction order gives the same
    bits and mpiring's result can be compared with MPI's exactly);
-2. `--warmup` untimed runs of mpiring's collective, the native one and the ceiling;
-3. a check: one run of each into sentinel-filled results; `#wrong` counts the elements of
-   mpiring's result that differ from the native result, summed over ranks;
-4. `--reps` rounds of timed batches. In each round mpiring's collective, the native one and the
-   ceiling each run one batch of `--iters` iterations, so a disturbance from outside (the
-   machine is shared) hits all three alike. A batch starts after a barrier and its time per
-   iteration is (MPI.Wtime() after - before) / iters;
-5. each rank keeps its median batch for each of the three; the report gives the mean over ranks
-   (avg, as OSU and nccl-tests do) and the min and max over ranks. Bandwidths use the avg.
+2. two calls of mpiring's collective per buffer set, which build the plans the ceiling replays;
+3. a check: one run of mpiring's collective and the native one into sentinel-filled results;
+   `#wrong` counts the elements of mpiring's result that differ from the native result, summed
+   over ranks;
+4. mpiring's collective, the native one and the ceiling timed by `mpiring.bench.timing`, the
+   method and statistic every mpiring tool shares: `--warmup` untimed calls of each, then `--reps`
+   rounds in which each of the three times one batch of `--iters` calls after a barrier (so a
+   disturbance from outside hits all three alike); each rank keeps its median batch, and the
+   report gives the mean over ranks (avg, as OSU and nccl-tests do) and the min and max over
+   ranks. Bandwidths use the avg.
 """
 
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -26,6 +26,7 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
+from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.options import Options
 from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
@@ -182,17 +183,6 @@ def ceiling_runner(
     return replay
 
 
-def time_batch(world: MPI.Intracomm, call: Callable[[], Any], iters: int, device: Device) -> float:
-    """Seconds per iteration of `iters` back-to-back calls, started together after a barrier."""
-    device.synchronize()
-    world.Barrier()
-    start = MPI.Wtime()
-    for _ in range(iters):
-        call()
-    device.synchronize()
-    return (MPI.Wtime() - start) / iters
-
-
 def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device) -> int:
     """Elements of mpiring's result on this rank that differ from the native result.
 
@@ -222,7 +212,7 @@ def measure(
     sets = [make_buffers(row, setup, device, count, options.dtype) for _ in range(options.rotate)]
     buffers = sets[0]  # the one the check uses
     ours, native = rotating(row.ours, setup, sets), rotating(row.native, setup, sets)
-    for _ in range(max(options.warmup, 2) * len(sets)):  # a set's second call builds the plan the ceiling replays
+    for _ in range(2 * len(sets)):  # a set's second call builds the plan the ceiling replays
         ours()
     ceilings = [ceiling(row, setup, b, device, p2p, count, options.dtype.itemsize) for b in sets]
     calls = (ours, native, rotating(lambda _setup, replay: replay(), setup, ceilings))
@@ -236,34 +226,23 @@ def measure(
 
 def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers: Buffers, nbytes: int,
            count: int, options: Options, algorithm_label: str) -> Result:
-    """Warm up, check and time the three calls of one size; every rank gets the Result."""
+    """Check, then warm up and time the three calls of one size; every rank gets the Result."""
     world = setup.mpi
-    for call in calls[1:]:
-        for _ in range(options.warmup):
-            call()
     wrong = count_wrong(row, setup, buffers, device)
-    batches: list[list[float]] = [[] for _ in calls]
-    for _ in range(options.reps):
-        for call, times in zip(calls, batches, strict=True):
-            times.append(time_batch(world, call, options.iters, device))
-    mine = numpy.array([statistics.median(times) for times in batches])
-    low, high, total = (numpy.empty_like(mine) for _ in range(3))
-    world.Allreduce(mine, low, MPI.MIN)
-    world.Allreduce(mine, high, MPI.MAX)
-    world.Allreduce(mine, total, MPI.SUM)
-    avg = total / setup.size
+    mine, theirs, bare = timing.time_calls(  # mpiring's, native MPI's, the ceiling's
+        world, calls, iters=options.iters, reps=options.reps, warmup=options.warmup, sync=device.synchronize)
     wrong = world.allreduce(wrong, MPI.SUM)
     factor = row.bus_factor(setup.size)
-    ours_bw, native_bw, ceiling_bw = (bandwidths(nbytes, t, factor) for t in avg)
+    ours_bw, native_bw, ceiling_bw = (bandwidths(nbytes, t.avg, factor) for t in (mine, theirs, bare))
     us = 1e6
     return Result(
         collective=row.name, algorithm=algorithm_label, ranks=setup.size, device=device.name,
         dtype=options.dtype.name, op=setup.op if row.reduces else None,
         root=setup.root if row.rooted else None, size_bytes=nbytes, count=count, bus_factor=factor,
-        time_us=avg[0] * us, time_min_us=low[0] * us, time_max_us=high[0] * us,
+        time_us=mine.avg * us, time_min_us=mine.min * us, time_max_us=mine.max * us,
         algbw_gbs=ours_bw[0], busbw_gbs=ours_bw[1],
-        native_time_us=avg[1] * us, native_time_min_us=low[1] * us, native_time_max_us=high[1] * us,
+        native_time_us=theirs.avg * us, native_time_min_us=theirs.min * us, native_time_max_us=theirs.max * us,
         native_algbw_gbs=native_bw[0], native_busbw_gbs=native_bw[1],
-        ratio=avg[1] / avg[0], ceiling_time_us=avg[2] * us, ceiling_busbw_gbs=ceiling_bw[1],
-        efficiency_pct=100 * avg[2] / avg[0] if setup.size > 1 else None, wrong=wrong,
+        ratio=theirs.avg / mine.avg, ceiling_time_us=bare.avg * us, ceiling_busbw_gbs=ceiling_bw[1],
+        efficiency_pct=100 * bare.avg / mine.avg if setup.size > 1 else None, wrong=wrong,
     )

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from mpi4py import MPI
 
+from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.harness import Result
 from mpiring.bench.options import Options, format_bytes
@@ -110,8 +111,7 @@ def metadata(options: Options, world: MPI.Intracomm, device: Device) -> dict[str
         "load_average": list(os.getloadavg()),
         "device": device.name,
         "native_buffers": device.note,
-        "statistic": f"time per iteration: each rank's median of {options.reps} batches of "
-        f"{options.iters} iterations (after {options.warmup} warm-up), then mean/min/max over ranks"
+        "statistic": timing.describe(options.iters, options.reps, options.warmup)
         + (f"; calls cycle through {options.rotate} buffer sets" if options.rotate > 1 else ""),
         "options": {
             key: value.name if key == "dtype" else list(value) if isinstance(value, tuple) else value

@@ -1,7 +1,7 @@
 """Split arithmetic: where each rank's chunk, block or segment of a flat buffer begins and ends.
 
 Every algorithm, the collectives, the training demo's shards and the benchmark cut buffers with
-these two functions, so a chunk means the same elements everywhere.
+these functions, so a chunk means the same elements everywhere.
 """
 
 from __future__ import annotations
@@ -28,3 +28,9 @@ def bounds_from_counts(counts: Sequence[int], scale: int = 1) -> list[int]:
     for count in counts:
         bounds.append(bounds[-1] + int(count) * scale)
     return bounds
+
+
+def row_bounds(rows: int, parts: int, counts: Sequence[int] | None) -> list[int]:
+    """Offsets of each rank's rows of a split collective (scatter, reduce-scatter): `counts`
+    when the caller gave them, else as numpy.array_split cuts `rows` into `parts`."""
+    return split_bounds(rows, parts) if counts is None else bounds_from_counts(counts)

@@ -2,7 +2,7 @@
 
 1. The limit the staged path's pinned copies set. Every rank copies device->host and
    host->device at once (as the staged ring does, all ranks together, sharing the GPUs' copy
-   engines and PCIe links), best of --repeats. A staged ring all-reduce moves 2(p-1)/p n bytes
+   engines and PCIe links). A staged ring all-reduce moves 2(p-1)/p n bytes
    through each direction per rank, with the two directions and MPI overlapped, so its bus
    bandwidth cannot exceed the slower direction's concurrent bandwidth: that is the limit.
 2. mpiring's device-buffer all-reduce on the staged path (MPIRING_CUDA_AWARE=0 forced), busbw
@@ -14,6 +14,13 @@
 5. What MPI itself moves between host buffers (each rank Sendrecv's with its ring neighbours at
    once): the staged path cannot go faster than this either.
 
+Every time is taken by mpiring.bench.timing, the benchmark's method and statistic: --warmup
+untimed calls, then --repeats rounds in which the contenders measured together (the three copy
+directions; the paths of one size) take turns, each timing one batch of calls after a barrier
+(--iters calls for the all-reduce, 4 for the copies and MPI probes), with the streams
+synchronized before each clock reading; each rank keeps its median batch and the numbers use the
+mean of those medians over ranks.
+
 Rank 0 prints a table; --json writes the numbers too. Every rank binds a GPU round robin.
 """
 
@@ -23,32 +30,33 @@ import argparse
 import json
 import os
 import sys
-import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy
 from mpi4py import MPI
 
 import mpiring
+from mpiring.bench import timing
 
 MIB = 1 << 20
 
 
-def _best(world: MPI.Intracomm, run: Any, sync: Any, repeats: int, iters: int) -> float:
-    """Seconds per iteration, the slowest rank's, best of `repeats`."""
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        world.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            run()
-        sync()
-        best = min(best, world.allreduce(time.perf_counter() - start, op=MPI.MAX) / iters)
-    return best
+# Calls per timed batch of the copy and MPI probes: each moves 64-256 MiB, so a few calls make a
+# batch long enough to time and short enough to repeat.
+PROBE_ITERS = 4
 
 
-def pinned_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int) -> dict[str, float]:
+def _seconds(world: MPI.Intracomm, calls: Sequence[timing.Call], sync: timing.Call, repeats: int, iters: int,
+             warmup: int) -> list[float]:
+    """Seconds per call of each of `calls`, taking turns (mpiring.bench.timing: the mean over
+    ranks of each rank's median batch)."""
+    timings = timing.time_calls(world, calls, iters=iters, reps=repeats, warmup=warmup, sync=sync)
+    return [t.avg for t in timings]
+
+
+def pinned_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int,
+                     warmup: int = 1) -> dict[str, float]:
     """GB/s per rank for D2H alone, H2D alone, and each direction while both run at once."""
     device = cupy.empty(nbytes, cupy.uint8)
     device_in = cupy.empty(nbytes, cupy.uint8)
@@ -71,16 +79,15 @@ def pinned_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int)
         to_host()
         to_device()
 
-    seconds = {name: _best(world, run, sync, repeats, 4) for name, run in
-               (("d2h", to_host), ("h2d", to_device), ("duplex", both))}
+    d2h_s, h2d_s, duplex_s = _seconds(world, (to_host, to_device, both), sync, repeats, PROBE_ITERS, warmup)
     return {
-        "d2h_GBps": nbytes / seconds["d2h"] / 1e9,
-        "h2d_GBps": nbytes / seconds["h2d"] / 1e9,
-        "duplex_each_GBps": nbytes / seconds["duplex"] / 1e9,
+        "d2h_GBps": nbytes / d2h_s / 1e9,
+        "h2d_GBps": nbytes / h2d_s / 1e9,
+        "duplex_each_GBps": nbytes / duplex_s / 1e9,
     }
 
 
-def device_copy_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int) -> float:
+def device_copy_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats: int, warmup: int = 1) -> float:
     """GB/s per rank copied device to device (bytes copied, not read + written), all ranks at once."""
     source, target = cupy.empty(nbytes, cupy.uint8), cupy.empty(nbytes, cupy.uint8)
     stream, runtime = cupy.cuda.get_current_stream(), cupy.cuda.runtime
@@ -88,10 +95,11 @@ def device_copy_bandwidth(cupy: Any, world: MPI.Intracomm, nbytes: int, repeats:
     def copy() -> None:
         runtime.memcpyAsync(target.data.ptr, source.data.ptr, nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
 
-    return nbytes / _best(world, copy, stream.synchronize, repeats, 4) / 1e9
+    [seconds] = _seconds(world, [copy], stream.synchronize, repeats, PROBE_ITERS, warmup)
+    return nbytes / seconds / 1e9
 
 
-def host_mpi_bandwidth(world: MPI.Intracomm, nbytes: int, repeats: int) -> float:
+def host_mpi_bandwidth(world: MPI.Intracomm, nbytes: int, repeats: int, warmup: int = 1) -> float:
     """GB/s per rank that MPI moves between host buffers, every rank Sendrecv'ing around the ring."""
     p, rank = world.Get_size(), world.Get_rank()
     if p == 1:
@@ -101,21 +109,41 @@ def host_mpi_bandwidth(world: MPI.Intracomm, nbytes: int, repeats: int) -> float
     def exchange() -> None:
         world.Sendrecv([send, MPI.BYTE], (rank + 1) % p, 7, [receive, MPI.BYTE], (rank - 1) % p, 7)
 
-    return nbytes / _best(world, exchange, lambda: None, repeats, 4) / 1e9
+    [seconds] = _seconds(world, [exchange], timing.no_sync, repeats, PROBE_ITERS, warmup)
+    return nbytes / seconds / 1e9
 
 
-def allreduce_busbw(cupy: Any, world: MPI.Intracomm, run: Any, nbytes: int, repeats: int, iters: int) -> float:
+def allreduce_busbw(cupy: Any, world: MPI.Intracomm, runs: dict[str, timing.Call], nbytes: int, repeats: int,
+                    iters: int, warmup: int = 1) -> dict[str, float]:
+    """Bus bandwidth (GB/s, nccl-tests' 2(p-1)/p n / t) of each named all-reduce of `nbytes`,
+    the runs taking turns."""
     p = world.Get_size()
-    seconds = _best(world, run, lambda: cupy.cuda.get_current_stream().synchronize(), repeats, iters)
-    return nbytes / seconds / 1e9 * (2 * (p - 1) / p if p > 1 else 1.0)
+    factor = 2 * (p - 1) / p if p > 1 else 1.0
+    seconds = _seconds(world, list(runs.values()), lambda: cupy.cuda.get_current_stream().synchronize(), repeats,
+                       iters, warmup)
+    return {name: nbytes / t / 1e9 * factor for name, t in zip(runs, seconds, strict=True)}
+
+
+def _on_path(call: timing.Call, **environment: str | None) -> timing.Call:
+    """`call` with the environment variables that choose its path set before every call: the
+    paths take turns in the timed rounds, and mpiring reads these variables on every call
+    (mpiring.gpu.device_backend). Setting them costs microseconds; the calls take milliseconds."""
+
+    def run() -> None:
+        _set_env(**environment)
+        call()
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpiring.gpu.check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed batches of each contender; each rank keeps its median (default 5)")
+    parser.add_argument("--iters", type=int, default=5, help="all-reduces per timed batch (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls of each contender (default 1)")
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
     args = parser.parse_args(argv)
     world = MPI.COMM_WORLD
@@ -140,14 +168,17 @@ def main(argv: list[str] | None = None) -> int:
                                "mpi": MPI.Get_library_version().strip().splitlines()[0], "device": device}
     props = cupy.cuda.runtime.getDeviceProperties(device)
     results["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    copies = pinned_bandwidth(cupy, world, 256 * MIB, args.repeats)
+    copies = pinned_bandwidth(cupy, world, 256 * MIB, args.repeats, args.warmup)
     limit = min(copies["duplex_each_GBps"], copies["d2h_GBps"], copies["h2d_GBps"])
     results["pinned"] = copies
     results["staged_limit_GBps"] = limit
-    results["device_copy_GBps"] = device_copy_bandwidth(cupy, world, 256 * MIB, args.repeats)
-    results["host_mpi_GBps"] = host_mpi_bandwidth(world, 64 * MIB, args.repeats)
+    results["device_copy_GBps"] = device_copy_bandwidth(cupy, world, 256 * MIB, args.repeats, args.warmup)
+    results["host_mpi_GBps"] = host_mpi_bandwidth(world, 64 * MIB, args.repeats, args.warmup)
+    results["statistic"] = (f"{timing.describe(args.iters, args.repeats, args.warmup)} (copies and host MPI: "
+                            f"batches of {PROBE_ITERS})")
     comm = mpiring.Communicator(world)
     original = {name: os.environ.get(name) for name in ("MPIRING_CUDA_AWARE", "MPIRING_GPU_IPC")}
+    aware = original["MPIRING_CUDA_AWARE"]  # the user's own setting, if any, for the paths that follow it
     table = []
     try:
         for mib in args.sizes_mib:
@@ -158,19 +189,20 @@ def main(argv: list[str] | None = None) -> int:
             def ours(x: Any = x, out: Any = out) -> None:
                 comm.allreduce(x, out=out)
 
-            _set_env(MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0")  # staged, whatever the library says
-            staged = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
-            row = {"MiB": mib, "staged_busbw_GBps": staged, "staged_vs_limit": staged / limit}
-            if comm._ring.node_local:  # the IPC path
-                _set_env(MPIRING_GPU_IPC="1", MPIRING_CUDA_AWARE=original["MPIRING_CUDA_AWARE"])
-                ipc = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
-                row.update(ipc_busbw_GBps=ipc, ipc_vs_copy=ipc / results["device_copy_GBps"])
-            if awareness.aware:  # the direct path, and MPI's own Allreduce on the same buffers
-                _set_env(MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE=original["MPIRING_CUDA_AWARE"])
-                row["direct_busbw_GBps"] = allreduce_busbw(cupy, world, ours, nbytes, args.repeats, args.iters)
-                row["native_busbw_GBps"] = allreduce_busbw(
-                    cupy, world, lambda x=x, out=out: world.Allreduce(x, out, MPI.SUM), nbytes, args.repeats,
-                    args.iters)
+            # staged whatever the library says; IPC where the ranks share a node; where MPI is
+            # CUDA-aware, the direct path and MPI's own Allreduce on the same device buffers
+            runs = {"staged": _on_path(ours, MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0")}
+            if comm._ring.node_local:
+                runs["ipc"] = _on_path(ours, MPIRING_GPU_IPC="1", MPIRING_CUDA_AWARE=aware)
+            if awareness.aware:
+                runs["direct"] = _on_path(ours, MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE=aware)
+                runs["native"] = lambda x=x, out=out: world.Allreduce(x, out, MPI.SUM)
+            busbw = allreduce_busbw(cupy, world, runs, nbytes, args.repeats, args.iters, args.warmup)
+            row = {"MiB": mib, "staged_busbw_GBps": busbw["staged"], "staged_vs_limit": busbw["staged"] / limit}
+            if "ipc" in busbw:
+                row.update(ipc_busbw_GBps=busbw["ipc"], ipc_vs_copy=busbw["ipc"] / results["device_copy_GBps"])
+            if "direct" in busbw:
+                row.update(direct_busbw_GBps=busbw["direct"], native_busbw_GBps=busbw["native"])
             if not bool((out == p).all()):
                 raise SystemExit(f"rank {rank}: wrong all-reduce result at {mib} MiB")
             table.append(row)
@@ -197,6 +229,7 @@ def _set_env(**values: str | None) -> None:
 def _report(results: dict[str, Any]) -> None:
     print(f"{results['ranks']} ranks, {results['gpu']}, cupy {results['cupy']}, {results['mpi']}")
     print(f"CUDA-aware: {results['cuda_aware']} ({results['cuda_aware_how']})")
+    print(f"timing (mpiring.bench.timing): {results['statistic']}")
     print("\n".join(results["bindings"]))
     pinned = results["pinned"]
     print(f"pinned copies per rank, all ranks at once: D2H {pinned['d2h_GBps']:.1f} GB/s, "
