@@ -77,7 +77,7 @@ ROWS: list[Row] = [
         "must be a number of seconds`"),
     Row("env-check", "`MPIRING_CHECK=maybe` in the environment",
         "`ArgumentError` from `Communicator()` (before it communicates): `argument 'MPIRING_CHECK': must be 1 or 0`"),
-    Row("scatter-root-bad", "scatter's `x` is bad on the root only (only the root holds it)",
+    Row("scatter-root-bad", "scatter's (or iscatter's) `x` is bad on the root only (only the root holds it)",
         "`ArgumentError` on every rank: the root's names the problem, the others' say `rejected on the root, "
         "rank R (see the error there)`; no rank waits for data", min_ranks=2),
     Row("argument-one-rank", f"one rank rejects its own argument (`out=` of the wrong shape on the root only) "

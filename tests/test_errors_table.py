@@ -229,12 +229,14 @@ def _(comm):
 
 @row("scatter-root-bad")
 def _(comm):
-    outcomes = everyone(attempt(lambda: comm.scatter(np.array(["s"] * N) if RANK == LAST else None, root=LAST)))
-    _all_raise(outcomes[:LAST], "ArgumentError", argument="x")
-    _all_raise(outcomes[LAST:], "ArgumentTypeError", argument="x")  # the root's own: a dtype problem
-    assert "unsupported dtype" in outcomes[LAST].message, describe(outcomes)
-    assert all(f"rejected on the root, rank {LAST}" in o.message for o in outcomes[:LAST]), describe(outcomes)
-    _usable(comm)
+    x = np.array(["s"] * N) if RANK == LAST else None
+    for call in (lambda: comm.scatter(x, root=LAST), lambda: comm.iscatter(x, root=LAST).wait()):
+        outcomes = everyone(attempt(call))
+        _all_raise(outcomes[:LAST], "ArgumentError", argument="x")
+        _all_raise(outcomes[LAST:], "ArgumentTypeError", argument="x")  # the root's own: a dtype problem
+        assert "unsupported dtype" in outcomes[LAST].message, describe(outcomes)
+        assert all(f"rejected on the root, rank {LAST}" in o.message for o in outcomes[:LAST]), describe(outcomes)
+        _usable(comm)
 
 
 @row("argument-one-rank")

@@ -148,7 +148,8 @@ def test_a_late_rank_within_the_timeout_is_no_fault():
 
 @needs_two
 def test_test_only_looks_and_wait_is_what_raises():
-    """test() never raises: it keeps returning False past the deadline; wait() then raises."""
+    """test() never times out: it keeps returning False past the deadline; wait() then raises,
+    and `result` raises that timeout again (docs/reliability.md)."""
     comm = mpiring.Communicator(timeout=T)
     mine = None
     if RANK != 0:
@@ -163,7 +164,7 @@ def test_test_only_looks_and_wait_is_what_raises():
     outcomes = everyone(mine)
     for o in outcomes[1:]:
         assert o.error == "CollectiveTimeout" and o.seconds <= BOUND, describe(outcomes)
-        assert o.value == (False, "CollectiveTimeout"), describe(outcomes)  # result: the same error again
+        assert o.value == (False, "CollectiveTimeout"), describe(outcomes)  # result: the request's error
 
 
 def test_a_bad_timeout_is_refused_before_any_message_moves(comm, monkeypatch):
