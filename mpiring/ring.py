@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mpi4py import MPI
 
-from mpiring.engine.scratch import Scratch, ScratchPool
+from mpiring.engine.scratch import POOL_FROM_BYTES, Scratch, ScratchPool
 from mpiring.engine.tags import Tags
 from mpiring.engine.transport import Call, Step, Traffic, make_step
 from mpiring.errors import ConcurrentUseError
@@ -121,8 +121,9 @@ class Ring:
     def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
         """A flat scratch array of `count` elements (`with ring.scratch(...) as buf`): while a
         plan is built, one of its own (the plan keeps it for its life); else from the pool
-        (mpiring.engine.scratch), which reuses large buffers across calls."""
-        if self.recorder is not None:
+        (mpiring.engine.scratch), which reuses large buffers across calls. Small ones are made
+        here, so a small call pays no call into the pool."""
+        if self.recorder is not None or count * backend.xp.dtype(dtype).itemsize < POOL_FROM_BYTES:
             return Scratch(backend.empty(count, dtype))
         return self.scratch_pool.take(backend, count, dtype)
 
