@@ -1,9 +1,10 @@
 """The transport: one step's messages handed to MPI, what they are counted as, and a failed or
 oversized message told in words.
 
-An algorithm posts a step (`Ring.post`, which lands in `make_step` here for host buffers) and
-yields it; the waiting (mpiring.engine.waiting) completes it and checks, here, that every
-receive got the bytes it expected. A step is a handful of nonblocking requests, receives first:
+An algorithm posts a step (`Ring.post`, which lands in `make_step` here for every buffer MPI
+may read directly, and in a staged device backend's `post_staged` otherwise) and yields it; the
+waiting (mpiring.engine.waiting) completes it and checks, here, that every receive got the bytes
+it expected. A step is a handful of nonblocking requests, receives first:
 
     step = Step: requests [Irecv from left, Isend to right], receives [(0, nbytes, left)]
 
