@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a timeout costs a small planned call: the same 8-byte all-reduce and barrier on a
-Communicator with the default 10-minute timeout (timed waits: Testall, then Ring.poll) and on
+Communicator with the default 10-minute timeout (timed waits: Testall, then mpiring.engine.waiting.poll) and on
 one with `timeout=math.inf` (one MPI_Waitall per step), native MPI beside them, timed by
 mpiring.bench.timing (the benchmark's method and statistic: the variants take turns batch by
 batch, each rank keeps its median batch, the table gives the mean over ranks).
