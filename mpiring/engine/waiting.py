@@ -117,8 +117,11 @@ def make_room(ring: Ring, nbytes: int) -> None:
     tests once and drops would otherwise pile up; every rank issues the same calls in the same
     order, so its peers reach the same point and the oldest can finish."""
     while ring.in_flight and sum(request.holds for request in ring.in_flight) + nbytes > ring.in_flight_bytes:
+        oldest = ring.in_flight[0]
         with contextlib.suppress(Exception):  # an error stays with that request (see progress_others)
-            ring.in_flight[0].wait()
+            oldest.wait()
+        if oldest in ring.in_flight:  # a wait that returned or raised leaves the set; never spin if not
+            break
 
 
 def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
