@@ -40,7 +40,7 @@ class Traffic:
 class Step:
     """The messages one step of an algorithm has posted, and what to check once they complete."""
 
-    __slots__ = ("requests", "peers", "receives", "after", "progress", "statuses")
+    __slots__ = ("requests", "peers", "receives", "after", "progress", "statuses", "early")
 
     def __init__(self) -> None:
         self.requests: list[MPI.Request] = []
@@ -53,6 +53,8 @@ class Step:
         self.progress: Callable[[Call], bool] | None = None
         # a planned step's statuses, made once and refilled by every run (None: made per wait)
         self.statuses: list[MPI.Status] | None = None
+        # statuses of requests a long wait saw complete before the step did (waiting.finished)
+        self.early: dict[int, MPI.Status] | None = None
 
 
 @dataclass(slots=True)

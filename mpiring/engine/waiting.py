@@ -67,6 +67,7 @@ def is_complete(ring: Ring, step: Step, call: Call) -> bool:
     except MPI.Exception as error:
         raise mpi_error(ring.rank, call, error, step, statuses) from error
     if done:
+        _put_back(step, statuses)
         _finish(ring, step, statuses, call)
     return done
 
@@ -147,16 +148,46 @@ def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) 
         watch.look(now)
         pause = min(max(pause * 2, 1e-5), 1e-3)
         time.sleep(min(pause, deadline - now))
+    _put_back(step, statuses)
+
+
+def finished(step: Step, index: int) -> bool:
+    """Whether request `index` of `step` has completed, asked without completing it
+    (MPI_Request_get_status), as a wait that looks at its peers or names the late ones must.
+
+    MPICH (5.0.2) leaves a persistent request that answered so looking inactive: the Testall that
+    later completes the step then gives an empty status for it (0 bytes, which the size check
+    would take for a short message). So the status seen here is kept, and `_put_back` restores it.
+    """
+    status = MPI.Status()
+    if not step.requests[index].Get_status(status):
+        return False
+    if step.early is None:
+        step.early = {}
+    step.early[index] = status
+    return True
+
+
+def _put_back(step: Step, statuses: list[MPI.Status] | None) -> None:
+    """The step is complete: restore the statuses `finished` kept (see there)."""
+    early, step.early = step.early, None
+    if early is None or statuses is None:
+        return
+    for index, seen in early.items():
+        target = statuses[index]
+        target.Set_source(seen.Get_source())
+        target.Set_tag(seen.Get_tag())
+        target.Set_error(seen.Get_error())
+        target.Set_elements(MPI.BYTE, seen.Get_count(MPI.BYTE))
 
 
 def _raise_timeout(step: Step, call: Call) -> None:
     """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
 
-    Get_status only looks: Test would free a request that finished since the last check,
+    `finished` only looks: Test would free a request that finished since the last check,
     losing its status, and could leave nobody to name when the last ones just arrived.
     """
-    pending = zip(step.requests, step.peers, strict=True)
-    waiting = [f"{what} rank {peer}" for request, (what, peer) in pending if not request.Get_status()]
+    waiting = [f"{what} rank {peer}" for index, (what, peer) in enumerate(step.peers) if not finished(step, index)]
     if waiting:
         raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
 
@@ -222,7 +253,7 @@ def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | Non
     tags = ring.tags
     own_notice = tags.notice(ring.failures)  # a peer that left a call of this rank's generation
     for index, _, source in step.receives:
-        while not step.requests[index].Get_status() and ring.comm.Iprobe(source, MPI.ANY_TAG, status):
+        while not finished(step, index) and ring.comm.Iprobe(source, MPI.ANY_TAG, status):
             tag = status.Get_tag()
             if tag == call.tag or not tags.is_blocking(tag):
                 break
