@@ -103,6 +103,7 @@ def test_a_status_seen_early_survives_the_testall_that_completes_the_step():
             MPI.Prequest.Startall(step.requests)
             while not waiting_module.finished(step, 0):  # what a long wait's look does
                 pass
+            assert waiting_module.finished(step, 0)  # a later look (the step still waits for others)
             assert waiting_module.is_complete(ring, step, Call("allreduce", "ring", 7))
             assert step.statuses[0].Get_count(MPI.BYTE) == 100
             np.testing.assert_array_equal(received, sent)

@@ -155,10 +155,13 @@ def finished(step: Step, index: int) -> bool:
     """Whether request `index` of `step` has completed, asked without completing it
     (MPI_Request_get_status), as a wait that looks at its peers or names the late ones must.
 
-    MPICH (5.0.2) leaves a persistent request that answered so looking inactive: the Testall that
-    later completes the step then gives an empty status for it (0 bytes, which the size check
-    would take for a short message). So the status seen here is kept, and `_put_back` restores it.
+    MPICH (5.0.2) leaves a persistent request that answered so looking inactive: asked again, or
+    completed by the Testall that ends the step, it gives an empty status (0 bytes, which the size
+    check would take for a short message). So the status seen first is kept, the request is not
+    asked again, and `_put_back` restores the status once the step is complete.
     """
+    if step.early is not None and index in step.early:
+        return True
     status = MPI.Status()
     if not step.requests[index].Get_status(status):
         return False
