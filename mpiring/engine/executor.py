@@ -64,13 +64,15 @@ class CollectiveRequest:
         self._steps = steps
         self._call = call
         self.holds = array_bytes(call.arrays)
-        make_room(ring, self.holds)
+        if ring.in_flight:  # only then is there anything to do (small calls are paid in Python time)
+            make_room(ring, self.holds)
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._step: Step | None = None
         self._advance()
-        progress_others(ring)  # requests tested once and dropped finish as later calls come
+        if ring.in_flight:
+            progress_others(ring)  # requests tested once and dropped finish as later calls come
         if not self._done:
             ring.in_flight.append(self)
 
@@ -282,7 +284,8 @@ class PersistentRequest:
                                "wait() for it before starting it again")
         self._started()
         ring, call, plan = self._ring, self._call, self._plan
-        make_room(ring, self.holds)
+        if ring.in_flight:  # only then is there anything to do (small calls are paid in Python time)
+            make_room(ring, self.holds)
         call.step = 0
         self._running, self._error = True, None
         if plan is None or plan.exchanges is None:
@@ -300,7 +303,8 @@ class PersistentRequest:
         for work in plan.prologue:
             work()
         self._position = 0
-        progress_others(ring)  # requests tested once and dropped finish as later calls come
+        if ring.in_flight:
+            progress_others(ring)  # requests tested once and dropped finish as later calls come
         if plan.exchanges:
             _startall(plan.exchanges[0][1])
             ring.in_flight.append(self)
