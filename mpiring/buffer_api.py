@@ -251,6 +251,14 @@ def _check_info(collective: str, info: Any) -> None:
         raise ArgumentTypeError(collective, "info", f"must be an MPI.Info, got {info!r}")
 
 
+def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: int) -> Any:
+    """This rank's block of `whole` (n items) when `given` is IN_PLACE, else `given` checked to
+    hold n items of whole's dtype."""
+    if _is_in_place(given):
+        return whole[rank * n : (rank + 1) * n]
+    return _matching(call, argument, simple(call, argument, given), n, whole.dtype)
+
+
 def _matching(collective: str, argument: str, items: Any, expected: int, dtype: Any) -> Any:
     """`items` (a send buffer, or the receive buffer in place) checked against what the other
     buffer of the call needs: `expected` elements of `dtype`."""
@@ -398,8 +406,7 @@ class BufferAPI:
         if r == root:
             out = simple("Gather", "recvbuf", recvbuf, blocks=p)
             n = out.size // p
-            x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _matching(
-                "Gather", "sendbuf", simple("Gather", "sendbuf", sendbuf), n, out.dtype)
+            x = _own_block("Gather", "sendbuf", sendbuf, out, r, n)
         else:
             x, out = self._send_only("Gather", sendbuf), None
         return _Prepared("gather", (x, root), {"out": out, "counts": [x.size] * p})
@@ -408,8 +415,7 @@ class BufferAPI:
         p, r = self.size, self.rank
         out = simple("Allgather", "recvbuf", recvbuf, blocks=p)
         n = out.size // p
-        x = out[r * n : (r + 1) * n] if _is_in_place(sendbuf) else _matching(
-            "Allgather", "sendbuf", simple("Allgather", "sendbuf", sendbuf), n, out.dtype)
+        x = _own_block("Allgather", "sendbuf", sendbuf, out, r, n)
         return _Prepared("allgather", (x,), {"out": out, "counts": [n] * p})
 
     def _parse_gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
@@ -433,8 +439,7 @@ class BufferAPI:
         if r == root:
             x = simple("Scatter", "sendbuf", sendbuf, blocks=p)
             n = x.size // p
-            out = x[r * n : (r + 1) * n] if _is_in_place(recvbuf) else _matching(
-                "Scatter", "recvbuf", simple("Scatter", "recvbuf", recvbuf), n, x.dtype)
+            out = _own_block("Scatter", "recvbuf", recvbuf, x, r, n)
         else:  # the send buffer is ignored off the root
             x, out = None, self._receive_only("Scatter", recvbuf)
         return _Prepared("scatter", (x, root), {"out": out, "counts": [out.size] * p})

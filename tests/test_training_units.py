@@ -38,20 +38,28 @@ def _loss_and_grads(model: Model, params: numpy.ndarray, ids, targets) -> tuple[
     return float(loss), grads
 
 
-def test_backward_matches_finite_differences():
-    model = Model(ModelConfig(vocab_size=7, context=3, embed=4, hidden=5, layers=2))
-    params = numpy.concatenate([model.initial(i, seed=3) for i in range(len(model.layers))])
-    rng = numpy.random.default_rng(0)
-    ids, targets = rng.integers(0, 7, (6, 3)), rng.integers(0, 7, 6)
-    _, grads = _loss_and_grads(model, params, ids, targets)
-    eps = 1e-6
+def _numeric_gradient(model, params, ids, targets, eps: float = 1e-6):
+    """Central differences of the loss in every parameter (the oracle for the analytic gradient)."""
+    numeric = numpy.empty_like(params)
     for k in range(model.param_count):
         bumped = params.copy()
         bumped[k] += eps
         up, _ = _loss_and_grads(model, bumped, ids, targets)
         bumped[k] -= 2 * eps
         down, _ = _loss_and_grads(model, bumped, ids, targets)
-        assert (up - down) / (2 * eps) == pytest.approx(grads[k], rel=1e-5, abs=1e-7), f"parameter {k}"
+        numeric[k] = (up - down) / (2 * eps)
+    return numeric
+
+
+def test_backward_matches_finite_differences():
+    model = Model(ModelConfig(vocab_size=7, context=3, embed=4, hidden=5, layers=2))
+    params = numpy.concatenate([model.initial(i, seed=3) for i in range(len(model.layers))])
+    rng = numpy.random.default_rng(0)
+    ids, targets = rng.integers(0, 7, (6, 3)), rng.integers(0, 7, 6)
+    _, grads = _loss_and_grads(model, params, ids, targets)
+    numeric = _numeric_gradient(model, params, ids, targets)
+    for k in range(model.param_count):
+        assert numeric[k] == pytest.approx(grads[k], rel=1e-5, abs=1e-7), f"parameter {k}"
 
 
 def test_gradient_sums_add_up_over_any_split_of_the_batch():
@@ -83,15 +91,7 @@ def test_gpt_backward_matches_finite_differences_for_every_tensor(length):
     rng = numpy.random.default_rng(length)
     ids, targets = rng.integers(0, 7, (3, length)), rng.integers(0, 7, 3 * length)
     _, grads = _loss_and_grads(model, params, ids, targets)
-    numeric = numpy.empty_like(params)
-    eps = 1e-6
-    for k in range(model.param_count):
-        bumped = params.copy()
-        bumped[k] += eps
-        up, _ = _loss_and_grads(model, bumped, ids, targets)
-        bumped[k] -= 2 * eps
-        down, _ = _loss_and_grads(model, bumped, ids, targets)
-        numeric[k] = (up - down) / (2 * eps)
+    numeric = _numeric_gradient(model, params, ids, targets)
     checked = []
     for i, layer in enumerate(model.layers):
         base = model.span(i)[0]
