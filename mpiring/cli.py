@@ -17,6 +17,7 @@ def _info() -> int:
     from mpi4py import MPI
 
     import mpiring
+    from mpiring.engine import compiled
     from mpiring.launch import check_world_size
 
     comm = MPI.COMM_WORLD
@@ -39,6 +40,7 @@ def _info() -> int:
     print(f"MPI standard {'.'.join(map(str, MPI.Get_version()))}, "
           f"thread level {levels.get(MPI.Query_thread(), MPI.Query_thread())}")
     print("\n".join(gpu_lines))
+    print(f"planned calls replay {compiled.describe()}")
     print(f"world size: {comm.Get_size()}")
     print("\n".join(rows))
     return 0

@@ -239,8 +239,9 @@ class Communicator(BufferAPI):
             if (known.__class__ is Plan and ring.owner == get_ident()
                     and (x is None or (x.shape == known.x_shape and x.dtype is known.x_dtype))
                     and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))):
-                plans.move_to_end(key)  # least recently used is evicted first
-                ring.calls += 1  # keeps the ranks' sequence numbers together, as a built call does
+                # the call count keeps the ranks' sequence numbers together, as a built call does,
+                # and dates the plan's use (the least recently used is evicted first)
+                ring.calls = known.used = ring.calls + 1
                 if ring.in_flight:
                     self._check_aliasing(collective, x, out)
                 if self._check is not None:
@@ -253,9 +254,9 @@ class Communicator(BufferAPI):
                 if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
                     plan = build_plan(ring, built.backend, call, built.body)
                     plan.bind(x, out)
-                    self._plans.add(key, plan)
+                    self._plans.add(key, plan, ring.calls)
                     return run_plan(ring, plan, call.timeout)
-                self._plans.add(key, Sighting(x, out))
+                self._plans.add(key, Sighting(x, out), ring.calls)
             return run_to_end(ring, built.body(built.backend), call)
         except BaseException as error:
             if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now

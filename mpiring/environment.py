@@ -10,6 +10,7 @@
     MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
     MPIRING_SCRATCH_BYTES      positive integer  a Communicator is made       most scratch bytes kept for reuse
     MPIRING_INFLIGHT_BYTES     positive integer  a Communicator is made       most bytes nonblocking calls hold
+    MPIRING_COMPILED           yes/no            a plan is built              0: replay it in Python, not in C
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

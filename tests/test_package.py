@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -84,6 +85,21 @@ def test_info_command():
     assert result.returncode == 0, result.stderr
     assert f"mpiring {mpiring.__version__}" in result.stdout
     assert "MPI library:" in result.stdout and "world size: 1" in result.stdout
+    assert "planned calls replay in" in result.stdout
+
+
+def test_the_compiled_replay_is_built_wherever_it_can_be():
+    """setup.py builds mpiring/engine/_replay.c where a C compiler and Python's headers are (as
+    here in CI); without them the install goes on and plans replay in Python. So where both
+    are present, a missing extension is a broken install, not a choice."""
+    import shutil
+    import sysconfig
+
+    from mpiring.engine import compiled
+
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    headers = pathlib.Path(sysconfig.get_paths()["include"], "Python.h").exists()
+    assert compiled.available() or not (compiler and headers), "the C replay was not built: pip install -e . again"
 
 
 def test_version_option_and_license():

@@ -1,12 +1,14 @@
 """Planned collectives (mpiring.engine): a call shape seen twice with the same arrays is recorded
 once and replayed. Replays must give what an unplanned call gives, with new contents in the
 same arrays, across eviction, for persistent requests started many times, and interleaved with
-nonblocking calls; a plan keeps its arrays alive."""
+nonblocking calls; a plan keeps its arrays alive. Replays run in C where the extension was built
+(mpiring.engine.compiled) and in Python otherwise: the tests marked with `replay_comm` run both."""
 
 from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -16,7 +18,9 @@ from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
+from mpiring.engine import compiled
 from mpiring.engine.plan import PLANS_KEPT, Plan
+from mpiring.engine.waiting import YIELD_SECONDS
 
 pytestmark = pytest.mark.mpi
 
@@ -25,6 +29,23 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 
 
+@pytest.fixture(params=["compiled", "python"])
+def replay_comm(request, monkeypatch):
+    """A fresh communicator whose plans replay in C (mpiring.engine.compiled) or in Python."""
+    if request.param == "compiled" and not compiled.available():  # the same on every rank: one install
+        pytest.skip("the C replay was not built (no C compiler at install; test_package says when it must be)")
+    monkeypatch.setenv("MPIRING_COMPILED", "1" if request.param == "compiled" else "0")
+    fresh = mpiring.Communicator()
+    fresh.replay = request.param
+    yield fresh
+    fresh.free()
+
+
+def _assert_replays_in(comm, plan):
+    """The plan replays where `comm` asked for: in C, or (also for pipelined plans) in Python."""
+    assert plan is not None
+    in_c = comm.replay == "compiled" and plan.exchanges is not None
+    assert (plan.compiled is not None) == in_c, (comm.replay, plan.call.collective)
 
 
 def _calls(comm, algorithm, seed, rows):
@@ -87,7 +108,8 @@ def _calls(comm, algorithm, seed, rows):
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "rabenseifner",
                                        "ring_pipelined", "bruck", "recursive_halving", "pairwise"])
 @pytest.mark.parametrize("rows", [0, 1, 3])
-def test_replays_match_the_oracle_with_new_contents(comm, algorithm, rows):
+def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows):
+    comm = replay_comm
     fill, runs, root, planned = _calls(comm, algorithm, seed=rows, rows=rows)
     for seed in range(4):  # the first call is unplanned, the second builds the plan, then replays
         expected = fill(100 * rows + seed)
@@ -100,7 +122,7 @@ def test_replays_match_the_oracle_with_new_contents(comm, algorithm, rows):
             if seed > 0:  # planned from the second call on: host arrays, layout known to every rank
                 arrays = planned.get(name)
                 if arrays is not None:
-                    assert comm.plan_of(name, *arrays) is not None, name
+                    _assert_replays_in(comm, comm.plan_of(name, *arrays))
 
 
 def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):
@@ -328,3 +350,57 @@ def test_a_failed_nonblocking_call_leaves_no_trace(comm):
     assert comm._ring.in_flight == []
     later = comm.iallreduce(np.full(3, 1.0))
     assert_same(later.wait(), np.full(3, float(N)), "the next nonblocking call")
+
+
+def _pair():
+    """Ranks 0 and 1 alone (None elsewhere): cases whose messages two ranks must disagree on."""
+    pair = WORLD.Split(0 if RANK < 2 else MPI.UNDEFINED, RANK)
+    return None if pair == MPI.COMM_NULL else pair
+
+
+@pytest.mark.skipif(N < 2, reason="needs two ranks to disagree")
+@pytest.mark.parametrize("peer_elements", [2, 8])
+def test_a_replay_that_gets_a_wrong_size_raises_naming_the_sender(replay_comm, monkeypatch, peer_elements):
+    """Rank 0 replays its plan of 4 float64; rank 1 makes an unplanned call with 2 (rank 0's
+    receive gets too few bytes: its size check) or 8 (too many: MPI's truncation error). The
+    replay stops at that exchange and raises in the same words as Python's, on both paths."""
+    pair = _pair()
+    if pair is not None:
+        comm = mpiring.Communicator(pair, timeout=30)
+        comm.replay = replay_comm.replay
+        x, out = np.ones(4), np.empty(4)
+        for _ in range(2):
+            comm.allreduce(x, out=out, algorithm="recursive_doubling")
+        _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
+        if RANK == 0:
+            problem = "received 16 bytes from rank 1 but expected 32" if peer_elements == 2 else (
+                "expected 32 bytes from rank 1 in step 0 but a larger message arrived")
+            with pytest.raises(mpiring.CommunicationError, match=problem):
+                comm.allreduce(x, out=out, algorithm="recursive_doubling")
+        else:
+            with pytest.raises(mpiring.CommunicationError):
+                comm.allreduce(np.ones(peer_elements), algorithm="recursive_doubling")
+        with pytest.raises(mpiring.CommunicatorBrokenError):
+            comm.allreduce(x, out=out, algorithm="recursive_doubling")
+        comm.free()
+        pair.Free()
+    WORLD.Barrier()
+
+
+@pytest.mark.skipif(N < 2, reason="needs a late rank")
+def test_a_replay_waits_past_the_compiled_spin_for_a_late_rank(replay_comm):
+    """A rank arriving later than the C loop spins (YIELD_SECONDS) hands the wait to Python's
+    poll, which finishes the exchange and the rest of the plan, as with a persistent request."""
+    comm = replay_comm
+    x, out = np.full(5, float(RANK + 1)), np.empty(5)
+    request = comm.allreduce_init(x, out=out)
+    for late in range(3):
+        if RANK == late % N:
+            time.sleep(5 * YIELD_SECONDS)
+        assert_same(comm.allreduce(x, out=out), np.full(5, float(N * (N + 1) // 2)), f"planned, late {late}")
+        if RANK == late % N:
+            time.sleep(5 * YIELD_SECONDS)
+        request.start()
+        assert_same(request.wait(), np.full(5, float(N * (N + 1) // 2)), f"persistent, late {late}")
+    _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
+    request.free()

@@ -18,9 +18,10 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpiring.engine import compiled
 from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
 from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
-from mpiring.engine.waiting import is_complete, make_room, poll, progress_others, wait_step
+from mpiring.engine.waiting import YIELD_SECONDS, is_complete, make_room, poll, progress_others, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.ring import Ring
 
@@ -174,8 +175,6 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
     count_traffic(ring, plan)
     try:
         if not ring.in_flight and plan.exchanges is not None:  # the common case: inline
-            for work in plan.prologue:
-                work()
             run_exchanges(ring, plan, 0, started=False)
         else:
             call.step = 0
@@ -195,10 +194,26 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
 def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
     """Run the plan's exchanges from `first` on (`started`: that one's requests already are)
     with nothing else in flight: small calls are paid in Python time, so this is the lean path.
-    Per exchange: one Waitall, or with a timeout one Testall and, if the step is not done yet,
-    waiting.poll; then the size checks and the exchange's work."""
+    A run from the very beginning (first 0, not started) does the prologue first. Per exchange:
+    one Waitall, or with a timeout one Testall and, if the step is not done yet, waiting.poll;
+    then the size checks and the exchange's work. A plan with a compiled form
+    (mpiring.engine.compiled) runs the same loop in C, which hands back here the exchange that
+    needs Python: one still incomplete after waiting.YIELD_SECONDS, a wrong size, an MPI error."""
     call = plan.call
     timeout = call.timeout
+    waited = 0.0  # seconds the C loop already waited for exchange `first`
+    if plan.compiled is not None:
+        spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
+        stopped = plan.compiled.run(first, started, spin)
+        if stopped is None:
+            return
+        first, reason, code = stopped
+        if reason != compiled.STOPPED_WAITING:
+            _raise_stopped(ring, plan, first, code)
+        started, waited = True, spin
+    elif first == 0 and not started:
+        for work in plan.prologue:
+            work()
     exchanges = plan.exchanges
     for index in range(first, len(exchanges)):
         item, requests, statuses, checks, works = exchanges[index]
@@ -209,7 +224,7 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
-                poll(ring, item, statuses, call)
+                poll(ring, item, statuses, call, waited if index == first else 0.0)
         except MPI.Exception as error:  # a message larger than its receive
             raise mpi_error(ring.rank, call, error, item, statuses) from error
         for status, expected in checks:
@@ -217,6 +232,19 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
                 check_sizes(ring.rank, item, statuses, call.collective)  # raises, naming the sender
         for work in works:
             work()
+
+
+def _raise_stopped(ring: Ring, plan: Plan, index: int, code: int) -> None:
+    """The compiled replay stopped at exchange `index` on an MPI error (`code`) or a receive of
+    the wrong size; the exchange's statuses are in its MPI.Status objects: raise the error."""
+    call = plan.call
+    item, _, statuses, _, _ = plan.exchanges[index]
+    call.step = index
+    if code:
+        raise mpi_error(ring.rank, call, MPI.Exception(code), item, statuses)
+    check_sizes(ring.rank, item, statuses, call.collective)
+    raise RuntimeError(f"{call.collective}: the compiled replay saw a wrong byte count in step {index} that "
+                       "Python does not see (a bug in mpiring.engine.compiled)")
 
 
 class MessagesOnly:

@@ -19,7 +19,6 @@ reuse a plan while another builds one and the two still agree on every message.
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine import compiled
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring
@@ -48,8 +48,8 @@ class Plan:
     address reused by another array) while the persistent requests point into it.
     """
 
-    __slots__ = ("call", "actions", "prologue", "exchanges", "result", "copy_result", "traffic", "requests",
-                 "allocated", "pinned", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
+    __slots__ = ("call", "actions", "prologue", "exchanges", "compiled", "result", "copy_result", "traffic",
+                 "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
                  requests: list[MPI.Prequest], allocated: int) -> None:
@@ -58,12 +58,14 @@ class Plan:
         # the same actions as work before the first message, then exchanges (start a step, wait
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue, self.exchanges = fuse(actions)
+        self.compiled = compiled.program(self.prologue, self.exchanges)  # the exchanges replayed in C, if built
         self.result = result
         self.copy_result = False  # True: the result lives in the plan, so each call returns a copy
         self.traffic = traffic  # what one run hands to MPI
         self.requests = requests
         self.allocated = allocated  # bytes of outputs and scratch it allocated itself
         self.pinned = 0  # users that replay its requests themselves (PlanCache never evicts it then)
+        self.used = 0  # when it last ran, in its communicator's calls (PlanCache evicts the least recent)
         self.x = self.out = self.x_shape = self.out_shape = self.x_dtype = self.out_dtype = None
 
     def bind(self, x: Any, out: Any) -> None:
@@ -86,6 +88,9 @@ class Plan:
         self.requests = []
         self.actions = []
         self.prologue, self.exchanges = (), None
+        if self.compiled is not None:
+            self.compiled.release()  # its copies of the handles are stale now
+            self.compiled = None
 
 
 class Sighting:
@@ -93,12 +98,13 @@ class Sighting:
     live arrays builds a plan. A program that passes new arrays every call (and so could never
     reuse a plan) keeps its unplanned cost, and no plan keeps its dead arrays alive."""
 
-    __slots__ = ("x", "out", "allocated")
+    __slots__ = ("x", "out", "allocated", "used")
 
     def __init__(self, x: Any, out: Any) -> None:
         self.x = None if x is None else weakref.ref(x)
         self.out = None if out is None else weakref.ref(out)
         self.allocated = 0
+        self.used = 0
 
     def seen(self, x: Any, out: Any) -> bool:
         return (x is None or (self.x is not None and self.x() is x)) and (
@@ -112,28 +118,32 @@ class PlanCache:
     """The plans of one communicator, least recently used evicted first, bounded in number
     and in the bytes the plans allocated themselves (outputs and scratch). A plan also keeps its
     caller's arrays alive, until it is evicted. Pinned plans (`pinned` > 0: something replays
-    their requests directly, as the benchmark's ceiling does) are never evicted."""
+    their requests directly, as the benchmark's ceiling does) are never evicted.
+
+    Recency is each entry's `used` (the communicator's call count when it last ran, set by the
+    call that hits it): cheaper on every call than reordering the table, and eviction is rare."""
 
     def __init__(self, plans: int = PLANS_KEPT, nbytes: int = PLAN_BYTES_KEPT) -> None:
-        # key -> plan, least recently used first (a hit moves its plan to the end)
-        self.table: OrderedDict[tuple, Plan | Sighting] = OrderedDict()
+        self.table: dict[tuple, Plan | Sighting] = {}  # key -> plan
         self._max_plans, self._max_bytes = plans, nbytes
         self.allocated = 0
 
     def __len__(self) -> int:
         return len(self.table)
 
-    def add(self, key: tuple, plan: Plan | Sighting) -> None:
+    def add(self, key: tuple, plan: Plan | Sighting, now: int) -> None:
+        """Keep `plan` under `key`, used at call `now`; evict the least recently used beyond the bounds."""
         old = self.table.pop(key, None)
         if old is not None:
             self._drop(old)
+        plan.used = now
         self.table[key] = plan
         self.allocated += plan.allocated
         while len(self.table) > 1 and (len(self.table) > self._max_plans or self.allocated > self._max_bytes):
-            oldest = next((k for k, p in self.table.items() if not getattr(p, "pinned", 0) and p is not plan), None)
-            if oldest is None:  # all pinned
+            evictable = [(p.used, k) for k, p in self.table.items() if not getattr(p, "pinned", 0) and p is not plan]
+            if not evictable:  # all pinned
                 break
-            self._drop(self.table.pop(oldest))
+            self._drop(self.table.pop(min(evictable, key=lambda entry: entry[0])[1]))
 
     def clear(self, keep: list[Any] = ()) -> None:
         """Drop every plan; free their requests, except those of plans in `keep` (abandoned with

@@ -28,7 +28,7 @@ from mpiring.errors import CollectiveTimeout, MessageMismatchError
 from mpiring.ring import InFlight, Ring
 
 # A timed wait offers the core between tests this long, then pauses between them (poll).
-_YIELD_SECONDS = 10e-3
+YIELD_SECONDS = 10e-3
 
 # A long wait looks this often for a message of another call from the peer it waits for (_Watch).
 _LOOK_SECONDS = 20e-3
@@ -125,14 +125,15 @@ def make_room(ring: Ring, nbytes: int) -> None:
             break
 
 
-def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
+def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call, waited: float = 0.0) -> None:
     """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
     runnable process between tests (a no-op when none waits, so a small message is caught
     as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
     that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU, and look
-    for messages of another call from the peers it waits for (_Watch)."""
-    now = time.monotonic()
-    deadline, yield_until = now + call.timeout, now + _YIELD_SECONDS
+    for messages of another call from the peers it waits for (_Watch). `waited`: seconds the
+    compiled replay already spent on this step the first way (mpiring.engine.compiled)."""
+    now = time.monotonic() - waited
+    deadline, yield_until = now + call.timeout, now + YIELD_SECONDS
     watch = None  # made once the wait is long (small calls pay nothing for it)
     pause = 0.0
     while not MPI.Request.Testall(step.requests, statuses):

@@ -1,0 +1,322 @@
+/*
+ * The compiled replay of a plan's exchanges (wrapped by mpiring/engine/compiled.py).
+ *
+ *   per exchange:  MPI_Startall ─► MPI_Waitall, or MPI_Testall spun for `spin` s ─► byte counts ─► work()
+ *                  └───────────── the plan's persistent requests ─────────────┘    (recorded callables)
+ *
+ * A small planned call is mostly the cost of crossing from Python into MPI and back a few times
+ * per exchange (docs/engine.md, "Where the microseconds"). This runs the same loop as
+ * executor.run_exchanges, in C. Anything that needs words or judgement goes back to Python,
+ * which carries on at the exchange where this stopped:
+ *   - an exchange still incomplete after `spin` seconds (a timed call: waiting.poll takes over),
+ *   - a receive that got another byte count than expected, or an MPI error (the statuses are
+ *     copied into the plan's MPI.Status objects, so Python names the sender as it always does).
+ *
+ * No MPI header is needed: the MPI functions come from the library mpi4py loaded, and the sizes
+ * of a request, a status and a datatype handle from mpi4py, so one build serves MPICH and Open
+ * MPI alike. The requests are the plan's persistent ones, made by mpi4py: their handles are
+ * copied once, since starting or completing a persistent request does not change its handle.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+typedef int (*startall_fn)(int, void *);
+typedef int (*testall_fn)(int, void *, int *, void *);
+typedef int (*waitall_fn)(int, void *, void *);
+typedef int (*get_count_int_fn)(const void *, int, int *);          /* MPICH: MPI_Datatype is an int */
+typedef int (*get_count_pointer_fn)(const void *, void *, int *);   /* Open MPI: a pointer */
+
+/* What `bind` was given: the MPI library's functions and its handle sizes. */
+static struct {
+    startall_fn startall;
+    testall_fn testall;
+    waitall_fn waitall;
+    void *get_count;
+    intptr_t byte_type;
+    Py_ssize_t request_size, status_size, datatype_size;
+    int bound;
+} mpi;
+
+/* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
+enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2 };
+
+typedef struct {
+    int count;                 /* requests */
+    char *requests;            /* count handles, contiguous */
+    char *statuses;            /* count statuses, contiguous */
+    uintptr_t *status_objects; /* per request, where its MPI.Status object keeps its status (0: none) */
+    int checks;                /* receives to check */
+    int *check_index, *check_bytes;
+    PyObject *works;           /* tuple of callables, run once the exchange is complete */
+} Exchange;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *prologue;        /* tuple of callables, run before a run's first exchange */
+    Py_ssize_t length;
+    Exchange *exchanges;
+} Program;
+
+static int get_count(const void *status, int *count) {
+    if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
+        return ((get_count_int_fn)mpi.get_count)(status, (int)mpi.byte_type, count);
+    return ((get_count_pointer_fn)mpi.get_count)(status, (void *)mpi.byte_type, count);
+}
+
+static double seconds_now(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+}
+
+static int call_each(PyObject *works) {
+    Py_ssize_t n = PyTuple_GET_SIZE(works);
+    for (Py_ssize_t w = 0; w < n; w++) {
+        PyObject *result = PyObject_CallNoArgs(PyTuple_GET_ITEM(works, w));
+        if (result == NULL)
+            return -1;
+        Py_DECREF(result);
+    }
+    return 0;
+}
+
+static void program_clear(Program *self) {
+    Py_CLEAR(self->prologue);
+    if (self->exchanges == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < self->length; i++) {
+        Exchange *e = &self->exchanges[i];
+        PyMem_Free(e->requests);
+        PyMem_Free(e->statuses);
+        PyMem_Free(e->status_objects);
+        PyMem_Free(e->check_index);
+        PyMem_Free(e->check_bytes);
+        Py_XDECREF(e->works);
+    }
+    PyMem_Free(self->exchanges);
+    self->exchanges = NULL;
+    self->length = 0;
+}
+
+static void program_dealloc(Program *self) {
+    program_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* One exchange from (handles: bytes, status_objects: tuple of int, checks: tuple of (index, bytes),
+   works: tuple of callables). */
+static int exchange_init(Exchange *e, PyObject *spec) {
+    PyObject *handles, *status_objects, *checks, *works;
+    if (!PyArg_ParseTuple(spec, "O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
+                          &PyTuple_Type, &checks, &PyTuple_Type, &works))
+        return -1;
+    Py_ssize_t size = PyBytes_GET_SIZE(handles);
+    if (size % mpi.request_size != 0 || PyTuple_GET_SIZE(status_objects) != size / mpi.request_size) {
+        PyErr_SetString(PyExc_ValueError, "handles and status objects disagree");
+        return -1;
+    }
+    e->count = (int)(size / mpi.request_size);
+    e->checks = (int)PyTuple_GET_SIZE(checks);
+    e->requests = PyMem_Malloc(size ? size : 1);
+    e->statuses = PyMem_Calloc(e->count ? e->count : 1, mpi.status_size);
+    e->status_objects = PyMem_Calloc(e->count ? e->count : 1, sizeof(uintptr_t));
+    e->check_index = PyMem_Calloc(e->checks ? e->checks : 1, sizeof(int));
+    e->check_bytes = PyMem_Calloc(e->checks ? e->checks : 1, sizeof(int));
+    if (!e->requests || !e->statuses || !e->status_objects || !e->check_index || !e->check_bytes) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(e->requests, PyBytes_AS_STRING(handles), size);
+    for (int i = 0; i < e->count; i++) {
+        PyObject *address = PyTuple_GET_ITEM(status_objects, i);
+        e->status_objects[i] = address == Py_None ? 0 : (uintptr_t)PyLong_AsUnsignedLongLong(address);
+    }
+    for (int i = 0; i < e->checks; i++) {
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(checks, i), "ii", &e->check_index[i], &e->check_bytes[i]))
+            return -1;
+        if (e->check_index[i] < 0 || e->check_index[i] >= e->count) {
+            PyErr_SetString(PyExc_ValueError, "a check names no request of its exchange");
+            return -1;
+        }
+    }
+    if (PyErr_Occurred())
+        return -1;
+    Py_INCREF(works);
+    e->works = works;
+    return 0;
+}
+
+static int program_init(Program *self, PyObject *args, PyObject *kwds) {
+    PyObject *prologue, *specs;
+    static char *names[] = {"prologue", "exchanges", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs))
+        return -1;
+    if (!mpi.bound) {
+        PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
+        return -1;
+    }
+    program_clear(self);
+    Py_INCREF(prologue);
+    self->prologue = prologue;
+    Py_ssize_t length = PyTuple_GET_SIZE(specs);
+    self->exchanges = PyMem_Calloc(length ? length : 1, sizeof(Exchange));
+    if (self->exchanges == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->length = length;
+    for (Py_ssize_t i = 0; i < length; i++)
+        if (exchange_init(&self->exchanges[i], PyTuple_GET_ITEM(specs, i)) < 0)
+            return -1;
+    return 0;
+}
+
+/* Hand exchange `index` back to Python; on a size or MPI error, its statuses go where Python reads them. */
+static PyObject *stopped(const Exchange *e, Py_ssize_t index, int reason, int code) {
+    if (reason != STOPPED_WAITING)
+        for (int i = 0; i < e->count; i++)
+            if (e->status_objects[i])
+                memcpy((void *)e->status_objects[i], e->statuses + i * mpi.status_size, mpi.status_size);
+    return Py_BuildValue("(nii)", index, reason, code);
+}
+
+/* run(first, started, spin): run exchanges first.. to the end (`started`: the first one's requests
+   already are; a run from the very beginning, first 0 and not started, calls the prologue first). spin < 0: wait without a timeout (MPI_Waitall); else test for at most `spin` seconds,
+   offering the core between tests, as waiting.poll does. Returns None when every exchange is done,
+   else (exchange, reason, code): see the head of this file. */
+static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(first, started, spin)");
+        return NULL;
+    }
+    Py_ssize_t first = PyLong_AsSsize_t(args[0]);
+    int started = PyObject_IsTrue(args[1]);
+    double spin = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->exchanges == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this program was released");
+        return NULL;
+    }
+    if (first == 0 && !started && call_each(self->prologue) < 0)
+        return NULL;
+    for (Py_ssize_t index = first; index < self->length; index++) {
+        Exchange *e = &self->exchanges[index];
+        int code = 0, done = 0;
+        if (index > first || !started) {
+            code = mpi.startall(e->count, e->requests);
+            if (code)
+                return stopped(e, index, STOPPED_ERROR, code);
+        }
+        if (spin < 0) {
+            Py_BEGIN_ALLOW_THREADS
+            code = mpi.waitall(e->count, e->requests, e->statuses);
+            Py_END_ALLOW_THREADS
+            done = 1;
+        } else {
+            code = mpi.testall(e->count, e->requests, &done, e->statuses);
+            if (!code && !done) {
+                Py_BEGIN_ALLOW_THREADS
+                double until = seconds_now() + spin;
+                while (!code && !done && seconds_now() < until) {
+                    sched_yield();
+                    code = mpi.testall(e->count, e->requests, &done, e->statuses);
+                }
+                Py_END_ALLOW_THREADS
+            }
+        }
+        if (code)
+            return stopped(e, index, STOPPED_ERROR, code);
+        if (!done)
+            return stopped(e, index, STOPPED_WAITING, 0);
+        for (int i = 0; i < e->checks; i++) {
+            int count = -1;
+            code = get_count(e->statuses + e->check_index[i] * mpi.status_size, &count);
+            if (code)
+                return stopped(e, index, STOPPED_ERROR, code);
+            if (count != e->check_bytes[i])
+                return stopped(e, index, STOPPED_SIZE, 0);
+        }
+        if (call_each(e->works) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *program_release(Program *self, PyObject *unused) {
+    program_clear(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef program_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
+     "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
+    {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles (the plan freed its requests)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.Program",
+    .tp_basicsize = sizeof(Program),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works), ...))",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)program_init,
+    .tp_dealloc = (destructor)program_dealloc,
+    .tp_methods = program_methods,
+};
+
+/* bind(startall, testall, waitall, get_count, request_size, status_size, datatype_size, byte_type) */
+static PyObject *bind(PyObject *module, PyObject *args) {
+    unsigned long long startall, testall, waitall, count, byte_type;
+    Py_ssize_t request_size, status_size, datatype_size;
+    if (!PyArg_ParseTuple(args, "KKKKnnnK", &startall, &testall, &waitall, &count, &request_size,
+                          &status_size, &datatype_size, &byte_type))
+        return NULL;
+    if (!startall || !testall || !waitall || !count || request_size <= 0 || status_size <= 0 ||
+        (datatype_size != (Py_ssize_t)sizeof(int) && datatype_size != (Py_ssize_t)sizeof(void *))) {
+        PyErr_SetString(PyExc_ValueError, "bind(): an MPI function is missing or a handle size is unknown");
+        return NULL;
+    }
+    mpi.startall = (startall_fn)(uintptr_t)startall;
+    mpi.testall = (testall_fn)(uintptr_t)testall;
+    mpi.waitall = (waitall_fn)(uintptr_t)waitall;
+    mpi.get_count = (void *)(uintptr_t)count;
+    mpi.request_size = request_size;
+    mpi.status_size = status_size;
+    mpi.datatype_size = datatype_size;
+    mpi.byte_type = (intptr_t)byte_type;
+    mpi.bound = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, request_size, status_size, "
+                                 "datatype_size, byte_type): the MPI library's functions and handle sizes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_replay", "A plan's exchanges replayed in C (mpiring.engine.compiled).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__replay(void) {
+    if (PyType_Ready(&ProgramType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ProgramType);
+    if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0) {
+        Py_DECREF(&ProgramType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

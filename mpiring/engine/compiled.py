@@ -1,0 +1,85 @@
+"""The compiled replay: a plan's exchanges run in C (mpiring/engine/_replay.c) when the extension
+was built at install time (it needs a C compiler and Python's headers, no MPI headers).
+
+    executor.run_exchanges ──► Program.run(first, started, spin) ──► None: every exchange done
+                                                                └──► (exchange, why, code): Python
+                                                                     carries on from there
+
+It changes where the loop runs, not what it does: the same persistent requests, waited for in
+the same order, the same byte counts checked, the same recorded work called. A wait longer than
+`spin`, a wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes,
+mpi_error), so timeouts, mismatch detection and error messages stay in one place. Without the
+extension, or with MPIRING_COMPILED=0, plans replay in Python (executor.run_exchanges).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from mpi4py import MPI
+
+from mpiring import environment
+
+try:
+    from mpiring.engine import _replay
+except ImportError:  # not built (no compiler at install time): plans replay in Python
+    _replay = None
+
+# Program.run's reasons for stopping (_replay.c)
+STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR = 0, 1, 2
+
+_bound = False
+_INT_MAX = 2**31 - 1
+
+
+def available() -> bool:
+    """Whether the extension was built and can reach the MPI library."""
+    return _replay is not None and _bind()
+
+
+def enabled() -> bool:
+    """Whether new plans replay in C: the extension is there and MPIRING_COMPILED is not 0."""
+    return environment.flag("MPIRING_COMPILED", "plan") is not False and available()
+
+
+def describe() -> str:
+    """Where plans replay, in words (`mpiring info`)."""
+    if _replay is None:
+        return "in Python (the C replay was not built: no C compiler or Python headers at install)"
+    if not enabled():
+        return "in Python (MPIRING_COMPILED=0)"
+    return "in C (mpiring.engine._replay)"
+
+
+def _bind() -> bool:
+    """Hand the extension the MPI functions of the library mpi4py loaded, and its handle sizes.
+    dlsym on mpi4py's own module finds them, since it searches the libraries that module links."""
+    global _bound
+    if not _bound:
+        library = ctypes.CDLL(MPI.__file__)
+
+        def address(name: str) -> int:
+            return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+
+        _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
+                     address("MPI_Get_count"), MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status),
+                     MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
+        _bound = True
+    return True
+
+
+def program(prologue: tuple, exchanges: tuple | None) -> Any:
+    """The C form of a plan's prologue and exchanges (plan.fuse), or None where plans replay in Python."""
+    if exchanges is None or not enabled():
+        return None
+    size = MPI._sizeof(MPI.Request)
+    specs = []
+    for step, requests, statuses, _, works in exchanges:
+        checks = tuple((index, expected) for index, expected, _ in step.receives)
+        if any(expected > _INT_MAX for _, expected in checks):  # MPI_Get_count's int: Python says why
+            return None
+        handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)
+        status_objects = tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(requests)
+        specs.append((handles, status_objects, checks, works))
+    return _replay.Program(prologue, tuple(specs))
