@@ -404,3 +404,30 @@ def test_a_replay_waits_past_the_compiled_spin_for_a_late_rank(replay_comm):
         assert_same(request.wait(), np.full(5, float(N * (N + 1) // 2)), f"persistent, late {late}")
     _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
     request.free()
+
+
+@pytest.mark.skipif(not compiled.available(), reason="the C replay was not built (test_package says when it must be)")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "rabenseifner"])
+def test_the_compiled_replay_gives_the_bits_of_the_python_replay(monkeypatch, dtype, algorithm):
+    """Copies and float sums the C replay does itself (compiled._work) must give NumPy's bits,
+    on inputs whose sums round (so the order of additions shows)."""
+    results = {}
+    rng = np.random.default_rng(1234 + RANK)
+    x = (rng.standard_normal(37) * 1000).astype(dtype)
+    for replay in ("1", "0"):
+        monkeypatch.setenv("MPIRING_COMPILED", replay)
+        comm = mpiring.Communicator()
+        out, part = np.empty_like(x), np.zeros(len(np.array_split(x, N)[RANK]), dtype)  # zeros: when not run
+        for _ in range(3):  # unplanned, planned, replayed
+            comm.allreduce(x, out=out, algorithm=algorithm)
+            if algorithm in ALGORITHMS["reduce_scatter"] or algorithm == "auto":
+                comm.reduce_scatter(x, out=part, algorithm=algorithm)
+        assert (comm.plan_of("allreduce", x, out).compiled is not None) == (replay == "1") or N == 1 or (
+            comm.plan_of("allreduce", x, out).exchanges is None)
+        results[replay] = (out.copy(), part.copy())
+        comm.free()
+    for got, want in zip(results["1"], results["0"], strict=True):
+        assert_same(got, want, f"{algorithm} {np.dtype(dtype)}")
+    everyone = WORLD.allgather(results["1"][0].tobytes())
+    assert all(bits == everyone[0] for bits in everyone), "ranks differ"

@@ -11,6 +11,9 @@
  *   - an exchange still incomplete after `spin` seconds (a timed call: waiting.poll takes over),
  *   - a receive that got another byte count than expected, or an MPI error (the statuses are
  *     copied into the plan's MPI.Status objects, so Python names the sender as it always does).
+ * The recorded work is called as Python would call it, except plain contiguous copies and float32
+ * or float64 sums, which compiled.py recognises and this does itself (the same IEEE additions,
+ * element by element, as NumPy's: the results are bitwise the same).
  *
  * No MPI header is needed: the MPI functions come from the library mpi4py loaded, and the sizes
  * of a request, a status and a datatype handle from mpi4py, so one build serves MPICH and Open
@@ -44,6 +47,17 @@ static struct {
 /* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
 enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2 };
 
+/* A piece of recorded work: a Python callable, or one the Python side recognised as a plain
+   contiguous copy or float sum, done here without a call into NumPy (compiled.py, `_work`). */
+enum { WORK_CALL = 0, WORK_COPY = 1, WORK_ADD_FLOAT32 = 2, WORK_ADD_FLOAT64 = 3 };
+
+typedef struct {
+    int kind;
+    PyObject *callable;        /* WORK_CALL (borrowed: the works tuple owns it) */
+    char *out, *a, *b;         /* WORK_COPY: out <- a; WORK_ADD_*: out <- a + b */
+    Py_ssize_t bytes;
+} Work;
+
 typedef struct {
     int count;                 /* requests */
     char *requests;            /* count handles, contiguous */
@@ -51,12 +65,16 @@ typedef struct {
     uintptr_t *status_objects; /* per request, where its MPI.Status object keeps its status (0: none) */
     int checks;                /* receives to check */
     int *check_index, *check_bytes;
-    PyObject *works;           /* tuple of callables, run once the exchange is complete */
+    PyObject *works;           /* the work as Python gave it (it keeps the arrays alive) */
+    Py_ssize_t nwork;
+    Work *work;                /* run once the exchange is complete */
 } Exchange;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *prologue;        /* tuple of callables, run before a run's first exchange */
+    PyObject *prologue;        /* as Python gave it */
+    Py_ssize_t nprologue;
+    Work *prologue_work;       /* run before a run's first exchange */
     Py_ssize_t length;
     Exchange *exchanges;
 } Program;
@@ -73,19 +91,75 @@ static double seconds_now(void) {
     return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
 }
 
-static int call_each(PyObject *works) {
-    Py_ssize_t n = PyTuple_GET_SIZE(works);
+static int do_work(const Work *work, Py_ssize_t n) {
     for (Py_ssize_t w = 0; w < n; w++) {
-        PyObject *result = PyObject_CallNoArgs(PyTuple_GET_ITEM(works, w));
-        if (result == NULL)
-            return -1;
-        Py_DECREF(result);
+        const Work *k = &work[w];
+        if (k->kind == WORK_COPY) {
+            memmove(k->out, k->a, (size_t)k->bytes);
+        } else if (k->kind == WORK_ADD_FLOAT32) {
+            float *out = (float *)k->out;
+            const float *a = (const float *)k->a, *b = (const float *)k->b;
+            for (Py_ssize_t i = 0; i < k->bytes / (Py_ssize_t)sizeof(float); i++)
+                out[i] = a[i] + b[i];
+        } else if (k->kind == WORK_ADD_FLOAT64) {
+            double *out = (double *)k->out;
+            const double *a = (const double *)k->a, *b = (const double *)k->b;
+            for (Py_ssize_t i = 0; i < k->bytes / (Py_ssize_t)sizeof(double); i++)
+                out[i] = a[i] + b[i];
+        } else {
+            PyObject *result = PyObject_CallNoArgs(k->callable);
+            if (result == NULL)
+                return -1;
+            Py_DECREF(result);
+        }
     }
     return 0;
 }
 
+static void *address_of(PyObject *number) {
+    return number == Py_None ? NULL : PyLong_AsVoidPtr(number);
+}
+
+/* Work from a tuple whose items are callables or (kind, out, a, b, bytes, callable), addresses as ints. */
+static Work *work_init(PyObject *works, Py_ssize_t *n) {
+    *n = PyTuple_GET_SIZE(works);
+    Work *work = PyMem_Calloc(*n ? *n : 1, sizeof(Work));
+    if (work == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t w = 0; w < *n; w++) {
+        PyObject *item = PyTuple_GET_ITEM(works, w);
+        if (!PyTuple_Check(item)) {
+            work[w].kind = WORK_CALL;
+            work[w].callable = item;
+            continue;
+        }
+        PyObject *out, *a, *b;
+        PyObject *owner; /* the recorded callable: its arrays live as long as the works tuple */
+        if (!PyArg_ParseTuple(item, "iOOOnO", &work[w].kind, &out, &a, &b, &work[w].bytes, &owner) ||
+            work[w].kind < WORK_COPY || work[w].kind > WORK_ADD_FLOAT64) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "unknown kind of work");
+            PyMem_Free(work);
+            return NULL;
+        }
+        work[w].out = address_of(out);
+        work[w].a = address_of(a);
+        work[w].b = address_of(b);
+        if (PyErr_Occurred()) {
+            PyMem_Free(work);
+            return NULL;
+        }
+    }
+    return work;
+}
+
 static void program_clear(Program *self) {
     Py_CLEAR(self->prologue);
+    PyMem_Free(self->prologue_work);
+    self->prologue_work = NULL;
+    self->nprologue = 0;
     if (self->exchanges == NULL)
         return;
     for (Py_ssize_t i = 0; i < self->length; i++) {
@@ -95,6 +169,7 @@ static void program_clear(Program *self) {
         PyMem_Free(e->status_objects);
         PyMem_Free(e->check_index);
         PyMem_Free(e->check_bytes);
+        PyMem_Free(e->work);
         Py_XDECREF(e->works);
     }
     PyMem_Free(self->exchanges);
@@ -108,7 +183,7 @@ static void program_dealloc(Program *self) {
 }
 
 /* One exchange from (handles: bytes, status_objects: tuple of int, checks: tuple of (index, bytes),
-   works: tuple of callables). */
+   works: tuple of callables or recognised work, see work_init). */
 static int exchange_init(Exchange *e, PyObject *spec) {
     PyObject *handles, *status_objects, *checks, *works;
     if (!PyArg_ParseTuple(spec, "O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
@@ -147,7 +222,8 @@ static int exchange_init(Exchange *e, PyObject *spec) {
         return -1;
     Py_INCREF(works);
     e->works = works;
-    return 0;
+    e->work = work_init(works, &e->nwork);
+    return e->work == NULL ? -1 : 0;
 }
 
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
@@ -162,6 +238,9 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     program_clear(self);
     Py_INCREF(prologue);
     self->prologue = prologue;
+    self->prologue_work = work_init(prologue, &self->nprologue);
+    if (self->prologue_work == NULL)
+        return -1;
     Py_ssize_t length = PyTuple_GET_SIZE(specs);
     self->exchanges = PyMem_Calloc(length ? length : 1, sizeof(Exchange));
     if (self->exchanges == NULL) {
@@ -202,7 +281,7 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_RuntimeError, "this program was released");
         return NULL;
     }
-    if (first == 0 && !started && call_each(self->prologue) < 0)
+    if (first == 0 && !started && do_work(self->prologue_work, self->nprologue) < 0)
         return NULL;
     for (Py_ssize_t index = first; index < self->length; index++) {
         Exchange *e = &self->exchanges[index];
@@ -241,7 +320,7 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
             if (count != e->check_bytes[i])
                 return stopped(e, index, STOPPED_SIZE, 0);
         }
-        if (call_each(e->works) < 0)
+        if (do_work(e->work, e->nwork) < 0)
             return NULL;
     }
     Py_RETURN_NONE;
@@ -264,7 +343,8 @@ static PyTypeObject ProgramType = {
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works), ...))",
+    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works), ...)); "
+               "work: callables, or (kind, out, a, b, bytes) for copies and float sums",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,
     .tp_dealloc = (destructor)program_dealloc,

@@ -6,7 +6,8 @@ was built at install time (it needs a C compiler and Python's headers, no MPI he
                                                                      carries on from there
 
 It changes where the loop runs, not what it does: the same persistent requests, waited for in
-the same order, the same byte counts checked, the same recorded work called. A wait longer than
+the same order, the same byte counts checked, the same recorded work called (plain copies and
+float32/float64 sums done in C, with the same IEEE additions as NumPy's). A wait longer than
 `spin`, a wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes,
 mpi_error), so timeouts, mismatch detection and error messages stay in one place. Without the
 extension, or with MPIRING_COMPILED=0, plans replay in Python (executor.run_exchanges).
@@ -15,8 +16,10 @@ extension, or with MPIRING_COMPILED=0, plans replay in Python (executor.run_exch
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from mpiring import environment
@@ -26,8 +29,10 @@ try:
 except ImportError:  # not built (no compiler at install time): plans replay in Python
     _replay = None
 
-# Program.run's reasons for stopping (_replay.c)
+# Program.run's reasons for stopping, and the kinds of work it does itself (_replay.c)
 STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR = 0, 1, 2
+_COPY = 1
+_ADD = {np.dtype(np.float32): 2, np.dtype(np.float64): 3}
 
 _bound = False
 _INT_MAX = 2**31 - 1
@@ -81,5 +86,30 @@ def program(prologue: tuple, exchanges: tuple | None) -> Any:
             return None
         handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)
         status_objects = tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(requests)
-        specs.append((handles, status_objects, checks, works))
-    return _replay.Program(prologue, tuple(specs))
+        specs.append((handles, status_objects, checks, tuple(map(_work, works))))
+    return _replay.Program(tuple(map(_work, prologue)), tuple(specs))
+
+
+def _work(work: Any) -> Any:
+    """Recorded work as _replay.c takes it: a plain copy or float sum of C-contiguous arrays as
+    (kind, out, a, b, bytes, work), done there without calling NumPy; anything else as it is.
+    An output that overlaps an input other than exactly would make C's loop differ from NumPy's
+    (which buffers): that stays a call."""
+    if not isinstance(work, partial) or not all(isinstance(a, np.ndarray) and a.flags.c_contiguous
+                                                for a in (*work.args, *work.keywords.values())):
+        return work
+    if work.func is np.copyto and len(work.args) == 2 and not work.keywords:
+        out, a = work.args
+        if out.dtype == a.dtype and out.shape == a.shape and _apart_or_same(out, a):
+            return (_COPY, out.ctypes.data, a.ctypes.data, None, out.nbytes, work)
+    if work.func is np.add and len(work.args) == 2 and list(work.keywords) == ["out"]:
+        (a, b), out = work.args, work.keywords["out"]
+        kind = _ADD.get(out.dtype)
+        if (kind is not None and a.dtype == b.dtype == out.dtype and a.shape == b.shape == out.shape
+                and _apart_or_same(out, a) and _apart_or_same(out, b)):
+            return (kind, out.ctypes.data, a.ctypes.data, b.ctypes.data, out.nbytes, work)
+    return work
+
+
+def _apart_or_same(out: np.ndarray, a: np.ndarray) -> bool:
+    return out.ctypes.data == a.ctypes.data or not np.shares_memory(out, a)
