@@ -287,6 +287,7 @@ def test_the_compiled_replay_takes_plain_copies_and_float_sums_and_calls_the_res
               partial(np.maximum, a, b, out=out),  # another op
               partial(np.add, out[1:], b[:5], out=out[:5]),  # overlapping, shifted: NumPy buffers it
               partial(np.copyto, out[::2], a[:3]),  # not contiguous
-              partial(np.true_divide, out, 2, out=out)]  # a scalar
+              partial(np.true_divide, out, 2, out=out),  # a scalar
+              partial(np.copyto, np.frombuffer(bytes(24), np.float32), a)]  # read-only: NumPy refuses it
     for work in called:
         assert compiled._work(work) is work

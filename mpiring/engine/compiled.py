@@ -34,7 +34,7 @@ STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR = 0, 1, 2
 _COPY = 1
 _ADD = {np.dtype(np.float32): 2, np.dtype(np.float64): 3}
 
-_bound = False
+_bound: bool | None = None  # None: not tried yet
 _INT_MAX = 2**31 - 1
 
 
@@ -58,20 +58,24 @@ def describe() -> str:
 
 
 def _bind() -> bool:
-    """Hand the extension the MPI functions of the library mpi4py loaded, and its handle sizes.
-    dlsym on mpi4py's own module finds them, since it searches the libraries that module links."""
+    """Hand the extension the MPI functions of the library mpi4py loaded, and its handle sizes
+    (once; False, and plans replay in Python, where they cannot be found). dlsym on mpi4py's
+    own module finds them, since it searches the libraries that module links."""
     global _bound
-    if not _bound:
-        library = ctypes.CDLL(MPI.__file__)
+    if _bound is None:
+        try:
+            library = ctypes.CDLL(MPI.__file__)
 
-        def address(name: str) -> int:
-            return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+            def address(name: str) -> int:
+                return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
 
-        _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
-                     address("MPI_Get_count"), MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status),
-                     MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
-        _bound = True
-    return True
+            _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
+                         address("MPI_Get_count"), MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status),
+                         MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
+            _bound = True
+        except (OSError, AttributeError, ValueError, TypeError):  # an MPI this was not made for
+            _bound = False
+    return _bound
 
 
 def program(prologue: tuple, exchanges: tuple | None) -> Any:
@@ -95,8 +99,11 @@ def _work(work: Any) -> Any:
     (kind, out, a, b, bytes, work), done there without calling NumPy; anything else as it is.
     An output that overlaps an input other than exactly would make C's loop differ from NumPy's
     (which buffers): that stays a call."""
-    if not isinstance(work, partial) or not all(isinstance(a, np.ndarray) and a.flags.c_contiguous
+    if not isinstance(work, partial) or not work.args or not all(isinstance(a, np.ndarray) and a.flags.c_contiguous
                                                 for a in (*work.args, *work.keywords.values())):
+        return work
+    # a read-only output stays a call, so NumPy refuses it as it would have
+    if not (work.args[0] if work.func is np.copyto else work.keywords.get("out", work.args[0])).flags.writeable:
         return work
     if work.func is np.copyto and len(work.args) == 2 and not work.keywords:
         out, a = work.args
