@@ -277,7 +277,7 @@ def test_the_compiled_replay_takes_plain_copies_and_float_sums_and_calls_the_res
 
     from mpiring.engine import compiled
 
-    a, b, out = np.ones(6, np.float32), np.ones(6, np.float32), np.empty(6, np.float32)
+    a, b, out = np.ones(6, np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
     assert compiled._work(partial(np.copyto, out, a))[:5] == (1, out.ctypes.data, a.ctypes.data, None, 24)
     assert compiled._work(partial(np.add, a, b, out=out))[0] == 2
     assert compiled._work(partial(np.add, out, b, out=out))[0] == 2  # in place: exactly the same memory
