@@ -24,7 +24,7 @@ from mpiring.engine.executor import CollectiveRequest, PersistentRequest, run_pl
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.engine.scratch import POOL_BYTES
-from mpiring.engine.transport import Call, Steps, Traffic
+from mpiring.engine.transport import Call, Steps, Traffic, persistent_sends_suit
 from mpiring.engine.waiting import leave_notice
 from mpiring.errors import (
     ArgumentError,
@@ -113,6 +113,8 @@ class Communicator(BufferAPI):
         self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
                                       or IN_FLIGHT_BYTES)
         self._ring.node_local = _all_on_one_node(self._ring.comm)
+        persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
+        self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
 

@@ -11,6 +11,8 @@
     MPIRING_SCRATCH_BYTES      positive integer  a Communicator is made       most scratch bytes kept for reuse
     MPIRING_INFLIGHT_BYTES     positive integer  a Communicator is made       most bytes nonblocking calls hold
     MPIRING_COMPILED           yes/no            a plan is built              0: replay it in Python, not in C
+    MPIRING_PERSISTENT_SENDS   yes/no            a Communicator is made       plans send by persistent requests
+                                                                               (default: yes, except under Open MPI)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

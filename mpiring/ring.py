@@ -63,13 +63,17 @@ class Ring:
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
         self.traffic = Traffic()
-        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        # MPI attaches MPI_TAG_UB to COMM_WORLD; Open MPI's split communicators do not carry it
+        tag_ub = comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.tags = Tags(int(tag_ub) if tag_ub else None)
         # a blocking call's identity in words (mpiring.identity.describe, given by the Communicator)
         self.describe: Callable[[int, int], str] = lambda identity, size: f"call identity {identity:#x}"
         self.failures = 0  # calls that raised on this rank; picks the blocking tags' generation
         self.notices: list[MPI.Request] = []  # sends of waiting.leave_notice not yet known complete
         self.persistent_requests = 0  # made so far; picks each one's tag
+        # how plans send: persistent requests, or new ones each run (transport.make_step; the
+        # Communicator sets it from MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)
+        self.persistent_sends = True
         # a plan being built (mpiring.engine.plan): posts are recorded, not sent
         self.recorder: Any = None
         # plans and steps abandoned with messages in flight: MPI may still write their buffers

@@ -188,6 +188,12 @@ def test_the_record_and_tag_fit_the_mpi_guarantees():
     assert len(blocking) == 2 and max(blocking) + ack <= 32767
     assert not blocking & set(tags) and not blocking & persistent and not persistent & set(tags)
     assert ring.tags.identity_bits == 1 and Ring(MPI.COMM_SELF).tags.identity_bits == 20
+
+    class NoTagBound(SmallestTagBound):  # Open MPI's split communicators carry no MPI_TAG_UB
+        def Get_attr(self, key):  # noqa: N802
+            return None
+
+    assert Ring(NoTagBound()).tags.identity_bits == 20  # COMM_WORLD's bound holds for every communicator
     assert Ring(MPI.COMM_SELF).tags.ack_offset >= ack
     assert issubclass(CallMismatchError, mpiring.CollectiveMismatchError)
 

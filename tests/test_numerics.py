@@ -192,7 +192,8 @@ def test_integer_overflow_wraps_as_in_numpy_and_mpi(comm, collective, dtype):
                 continue
             what = f"{collective} {op} {dtype} ({algorithm})"
             assert got.dtype == dtype and np.array_equal(got, want), f"{what} vs NumPy\n{got}\n{want}"
-            assert np.array_equal(got, native), f"{what} vs MPI\n{got}\n{native}"
+            if native is not None:  # None: the library saturates these sums (oracles.native_sum_wraps)
+                assert np.array_equal(got, native), f"{what} vs MPI\n{got}\n{native}"
 
 
 @pytest.mark.parametrize("collective", REDUCTIONS)

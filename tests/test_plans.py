@@ -2,7 +2,8 @@
 once and replayed. Replays must give what an unplanned call gives, with new contents in the
 same arrays, across eviction, for persistent requests started many times, and interleaved with
 nonblocking calls; a plan keeps its arrays alive. Replays run in C where the extension was built
-(mpiring.engine.compiled) and in Python otherwise: the tests marked with `replay_comm` run both."""
+(mpiring.engine.compiled) and in Python otherwise, and send by persistent requests (MPICH's
+default) or by new ones each run (Open MPI's): the tests that take `replay_comm` run all four."""
 
 from __future__ import annotations
 
@@ -29,14 +30,19 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=[("compiled", "persistent sends"), ("compiled", "fresh sends"),
+                        ("python", "persistent sends"), ("python", "fresh sends")], ids=" ".join)
 def replay_comm(request, monkeypatch):
-    """A fresh communicator whose plans replay in C (mpiring.engine.compiled) or in Python."""
-    if request.param == "compiled" and not compiled.available():  # the same on every rank: one install
+    """A fresh communicator whose plans replay in C (mpiring.engine.compiled) or in Python, and
+    send by persistent requests or by new ones each run (Ring.persistent_sends)."""
+    replay, sends = request.param
+    if replay == "compiled" and not compiled.available():  # the same on every rank: one install
         pytest.skip("the C replay was not built (no C compiler at install; test_package says when it must be)")
-    monkeypatch.setenv("MPIRING_COMPILED", "1" if request.param == "compiled" else "0")
+    monkeypatch.setenv("MPIRING_COMPILED", "1" if replay == "compiled" else "0")
+    monkeypatch.setenv("MPIRING_PERSISTENT_SENDS", "1" if sends == "persistent sends" else "0")
     fresh = mpiring.Communicator()
-    fresh.replay = request.param
+    fresh.replay = replay
+    assert fresh._ring.persistent_sends == (sends == "persistent sends")
     yield fresh
     fresh.free()
 
@@ -197,7 +203,8 @@ def test_eviction_bounds_the_cache_and_keeps_results_right(comm):
         assert_same(comm.allreduce(a, out=out), np.full(2, float(k * N)), f"array {k}")
 
 
-def test_a_persistent_request_started_many_times(comm):
+def test_a_persistent_request_started_many_times(replay_comm):
+    comm = replay_comm
     x = np.empty((N + 1, 2), np.int64)
     out = np.empty((N + 1, 2), np.int64)
     request = comm.allreduce_init(x, op="sum", out=out)
@@ -217,7 +224,8 @@ def test_a_persistent_request_started_many_times(comm):
         request.start()
 
 
-def test_persistent_requests_of_every_collective(comm):
+def test_persistent_requests_of_every_collective(replay_comm):
+    comm = replay_comm
     root = N - 1
     x = np.empty((2 * N, 2))
     part, whole, block = np.empty((2, 2)), np.empty((2 * N, 2)), np.empty((2, 2))
@@ -254,7 +262,8 @@ def test_persistent_requests_of_every_collective(comm):
         request.free()
 
 
-def test_persistent_nonblocking_and_blocking_interleaved(comm):
+def test_persistent_nonblocking_and_blocking_interleaved(replay_comm):
+    comm = replay_comm
     x = np.empty(7)
     out = np.empty(7)
     persistent = comm.allreduce_init(x, op="max", out=out)
@@ -325,8 +334,10 @@ def test_counts_skip_the_layout_exchange_and_are_checked(comm):
 
 
 @pytest.mark.skipif(N < 2, reason="needs a rank that stays away")
-def test_a_timed_out_plan_stays_referenced_with_its_buffers():
+@pytest.mark.parametrize("persistent_sends", ["1", "0"])
+def test_a_timed_out_plan_stays_referenced_with_its_buffers(monkeypatch, persistent_sends):
     """MPI may still write into a timed-out call's buffers: the communicator keeps the plan."""
+    monkeypatch.setenv("MPIRING_PERSISTENT_SENDS", persistent_sends)
     fresh = mpiring.Communicator(timeout=0.3)
     x, out = np.ones(4), np.empty(4)
     fresh.allreduce(x, out=out)

@@ -19,6 +19,10 @@
  * of a request, a status and a datatype handle from mpi4py, so one build serves MPICH and Open
  * MPI alike. The requests are the plan's persistent ones, made by mpi4py: their handles are
  * copied once, since starting or completing a persistent request does not change its handle.
+ * A plan whose sends are made anew each run (Ring.persistent_sends false, under Open MPI) has
+ * them made here with MPI_Isend; their handles change every run, so while Python holds the
+ * exchange (before a run, after it stopped) they are mirrored in the plan's MPI.Request objects:
+ * written there after every wait, read back when a run resumes an exchange Python started.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +36,8 @@ typedef int (*testall_fn)(int, void *, int *, void *);
 typedef int (*waitall_fn)(int, void *, void *);
 typedef int (*get_count_int_fn)(const void *, int, int *);          /* MPICH: MPI_Datatype is an int */
 typedef int (*get_count_pointer_fn)(const void *, void *, int *);   /* Open MPI: a pointer */
+typedef int (*isend_int_fn)(const void *, int, int, int, int, int, void *);
+typedef int (*isend_pointer_fn)(const void *, int, void *, int, int, void *, void *);
 
 /* What `bind` was given: the MPI library's functions and its handle sizes. */
 static struct {
@@ -39,6 +45,7 @@ static struct {
     testall_fn testall;
     waitall_fn waitall;
     void *get_count;
+    void *isend;
     intptr_t byte_type;
     Py_ssize_t request_size, status_size, datatype_size;
     int bound;
@@ -58,8 +65,18 @@ typedef struct {
     Py_ssize_t bytes;
 } Work;
 
+/* A send made anew by every run (MPI_Isend of `bytes` at `buf`): its request is requests[index],
+   mirrored at `object`, where its MPI.Request object keeps its handle. */
+typedef struct {
+    int index, bytes, dest, tag;
+    const char *buf;
+    uintptr_t object;
+} FreshSend;
+
 typedef struct {
     int count;                 /* requests */
+    int nfresh;                /* the last nfresh requests are sends made anew (`fresh`) */
+    FreshSend *fresh;
     char *requests;            /* count handles, contiguous */
     char *statuses;            /* count statuses, contiguous */
     uintptr_t *status_objects; /* per request, where its MPI.Status object keeps its status (0: none) */
@@ -72,6 +89,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
+    intptr_t comm;             /* the communicator's handle: the fresh sends go there */
     PyObject *prologue;        /* as Python gave it */
     Py_ssize_t nprologue;
     Work *prologue_work;       /* run before a run's first exchange */
@@ -83,6 +101,35 @@ static int get_count(const void *status, int *count) {
     if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
         return ((get_count_int_fn)mpi.get_count)(status, (int)mpi.byte_type, count);
     return ((get_count_pointer_fn)mpi.get_count)(status, (void *)mpi.byte_type, count);
+}
+
+static int isend(const FreshSend *f, intptr_t comm, void *request) {
+    if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
+        return ((isend_int_fn)mpi.isend)(f->buf, f->bytes, (int)mpi.byte_type, f->dest, f->tag, (int)comm, request);
+    return ((isend_pointer_fn)mpi.isend)(f->buf, f->bytes, (void *)mpi.byte_type, f->dest, f->tag, (void *)comm,
+                                         request);
+}
+
+/* Start an exchange: its persistent requests, then its fresh sends. */
+static int start_exchange(Exchange *e, intptr_t comm) {
+    int code = 0;
+    if (e->count > e->nfresh)
+        code = mpi.startall(e->count - e->nfresh, e->requests);
+    for (int i = 0; i < e->nfresh && !code; i++)
+        code = isend(&e->fresh[i], comm, e->requests + e->fresh[i].index * mpi.request_size);
+    return code;
+}
+
+/* The fresh sends' handles to (`out`) or from their MPI.Request objects. */
+static void mirror(Exchange *e, int out) {
+    for (int i = 0; i < e->nfresh; i++) {
+        char *here = e->requests + e->fresh[i].index * mpi.request_size;
+        void *there = (void *)e->fresh[i].object;
+        if (out)
+            memcpy(there, here, mpi.request_size);
+        else
+            memcpy(here, there, mpi.request_size);
+    }
 }
 
 static double seconds_now(void) {
@@ -170,6 +217,7 @@ static void program_clear(Program *self) {
         PyMem_Free(e->check_index);
         PyMem_Free(e->check_bytes);
         PyMem_Free(e->work);
+        PyMem_Free(e->fresh);
         Py_XDECREF(e->works);
     }
     PyMem_Free(self->exchanges);
@@ -183,11 +231,12 @@ static void program_dealloc(Program *self) {
 }
 
 /* One exchange from (handles: bytes, status_objects: tuple of int, checks: tuple of (index, bytes),
-   works: tuple of callables or recognised work, see work_init). */
+   works: tuple of callables or recognised work, see work_init, fresh: tuple of (index, address,
+   bytes, dest, tag, request object's handle address), the last requests). */
 static int exchange_init(Exchange *e, PyObject *spec) {
-    PyObject *handles, *status_objects, *checks, *works;
-    if (!PyArg_ParseTuple(spec, "O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
-                          &PyTuple_Type, &checks, &PyTuple_Type, &works))
+    PyObject *handles, *status_objects, *checks, *works, *fresh;
+    if (!PyArg_ParseTuple(spec, "O!O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
+                          &PyTuple_Type, &checks, &PyTuple_Type, &works, &PyTuple_Type, &fresh))
         return -1;
     Py_ssize_t size = PyBytes_GET_SIZE(handles);
     if (size % mpi.request_size != 0 || PyTuple_GET_SIZE(status_objects) != size / mpi.request_size) {
@@ -218,6 +267,25 @@ static int exchange_init(Exchange *e, PyObject *spec) {
             return -1;
         }
     }
+    e->nfresh = (int)PyTuple_GET_SIZE(fresh);
+    e->fresh = PyMem_Calloc(e->nfresh ? e->nfresh : 1, sizeof(FreshSend));
+    if (e->fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < e->nfresh; i++) {
+        FreshSend *f = &e->fresh[i];
+        unsigned long long buf, object;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fresh, i), "iKiiiK", &f->index, &buf, &f->bytes, &f->dest, &f->tag,
+                              &object))
+            return -1;
+        if (f->index != e->count - e->nfresh + i || f->bytes < 0 || !object) {
+            PyErr_SetString(PyExc_ValueError, "fresh sends must be the exchange's last requests, in order");
+            return -1;
+        }
+        f->buf = (const char *)(uintptr_t)buf;
+        f->object = (uintptr_t)object;
+    }
     if (PyErr_Occurred())
         return -1;
     Py_INCREF(works);
@@ -228,14 +296,17 @@ static int exchange_init(Exchange *e, PyObject *spec) {
 
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs;
-    static char *names[] = {"prologue", "exchanges", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs))
+    unsigned long long comm;
+    static char *names[] = {"prologue", "exchanges", "comm", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!K", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs,
+                                     &comm))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
         return -1;
     }
     program_clear(self);
+    self->comm = (intptr_t)comm;
     Py_INCREF(prologue);
     self->prologue = prologue;
     self->prologue_work = work_init(prologue, &self->nprologue);
@@ -287,9 +358,13 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
         Exchange *e = &self->exchanges[index];
         int code = 0, done = 0;
         if (index > first || !started) {
-            code = mpi.startall(e->count, e->requests);
-            if (code)
+            code = start_exchange(e, self->comm);
+            if (code) {
+                mirror(e, 1);
                 return stopped(e, index, STOPPED_ERROR, code);
+            }
+        } else {
+            mirror(e, 0); /* Python started it, and may have seen some of its sends complete */
         }
         if (spin < 0) {
             Py_BEGIN_ALLOW_THREADS
@@ -308,6 +383,7 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
                 Py_END_ALLOW_THREADS
             }
         }
+        mirror(e, 1); /* done: null handles; else Python carries on with them */
         if (code)
             return stopped(e, index, STOPPED_ERROR, code);
         if (!done)
@@ -326,6 +402,21 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* start(index): start exchange `index` (for Python, which then waits for it); the MPI error code, 0 if none. */
+static PyObject *program_start(Program *self, PyObject *index_object) {
+    Py_ssize_t index = PyLong_AsSsize_t(index_object);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->exchanges == NULL || index < 0 || index >= self->length) {
+        PyErr_SetString(PyExc_IndexError, "no such exchange (or the program was released)");
+        return NULL;
+    }
+    Exchange *e = &self->exchanges[index];
+    int code = start_exchange(e, self->comm);
+    mirror(e, 1);
+    return PyLong_FromLong(code);
+}
+
 static PyObject *program_release(Program *self, PyObject *unused) {
     program_clear(self);
     Py_RETURN_NONE;
@@ -334,6 +425,7 @@ static PyObject *program_release(Program *self, PyObject *unused) {
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
+    {"start", (PyCFunction)program_start, METH_O, "start(index): start one exchange; the MPI error code"},
     {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles (the plan freed its requests)"},
     {NULL, NULL, 0, NULL},
 };
@@ -343,22 +435,23 @@ static PyTypeObject ProgramType = {
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works), ...)); "
-               "work: callables, or (kind, out, a, b, bytes) for copies and float sums",
+    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works, fresh), ...), "
+               "comm); work: callables, or (kind, out, a, b, bytes) for copies and float sums",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,
     .tp_dealloc = (destructor)program_dealloc,
     .tp_methods = program_methods,
 };
 
-/* bind(startall, testall, waitall, get_count, request_size, status_size, datatype_size, byte_type) */
+/* bind(startall, testall, waitall, get_count, isend, request_size, status_size, datatype_size, byte_type);
+   a communicator's handle has the datatype's size (compiled.py checks). */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long startall, testall, waitall, count, byte_type;
+    unsigned long long startall, testall, waitall, count, isend_address, byte_type;
     Py_ssize_t request_size, status_size, datatype_size;
-    if (!PyArg_ParseTuple(args, "KKKKnnnK", &startall, &testall, &waitall, &count, &request_size,
+    if (!PyArg_ParseTuple(args, "KKKKKnnnK", &startall, &testall, &waitall, &count, &isend_address, &request_size,
                           &status_size, &datatype_size, &byte_type))
         return NULL;
-    if (!startall || !testall || !waitall || !count || request_size <= 0 || status_size <= 0 ||
+    if (!startall || !testall || !waitall || !count || !isend_address || request_size <= 0 || status_size <= 0 ||
         (datatype_size != (Py_ssize_t)sizeof(int) && datatype_size != (Py_ssize_t)sizeof(void *))) {
         PyErr_SetString(PyExc_ValueError, "bind(): an MPI function is missing or a handle size is unknown");
         return NULL;
@@ -367,6 +460,7 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     mpi.testall = (testall_fn)(uintptr_t)testall;
     mpi.waitall = (waitall_fn)(uintptr_t)waitall;
     mpi.get_count = (void *)(uintptr_t)count;
+    mpi.isend = (void *)(uintptr_t)isend_address;
     mpi.request_size = request_size;
     mpi.status_size = status_size;
     mpi.datatype_size = datatype_size;
@@ -376,7 +470,7 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, request_size, status_size, "
+    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, isend, request_size, status_size, "
                                  "datatype_size, byte_type): the MPI library's functions and handle sizes"},
     {NULL, NULL, 0, NULL},
 };

@@ -5,9 +5,10 @@ was built at install time (it needs a C compiler and Python's headers, no MPI he
                                                                 └──► (exchange, why, code): Python
                                                                      carries on from there
 
-It changes where the loop runs, not what it does: the same persistent requests, waited for in
-the same order, the same byte counts checked, the same recorded work called (plain copies and
-float32/float64 sums done in C, with the same IEEE additions as NumPy's). A wait longer than
+It changes where the loop runs, not what it does: the same persistent requests (and the same
+sends made anew each run, where Ring.persistent_sends is off), waited for in the same order,
+the same byte counts checked, the same recorded work called (plain copies and float32/float64
+sums done in C, with the same IEEE additions as NumPy's). A wait longer than
 `spin`, a wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes,
 mpi_error), so timeouts, mismatch detection and error messages stay in one place. Without the
 extension, or with MPIRING_COMPILED=0, plans replay in Python (executor.run_exchanges).
@@ -69,9 +70,11 @@ def _bind() -> bool:
             def address(name: str) -> int:
                 return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
 
+            if MPI._sizeof(MPI.Comm) != MPI._sizeof(MPI.Datatype):  # _replay.c passes both as one kind
+                raise ValueError("communicator and datatype handles differ in size")
             _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
-                         address("MPI_Get_count"), MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status),
-                         MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
+                         address("MPI_Get_count"), address("MPI_Isend"), MPI._sizeof(MPI.Request),
+                         MPI._sizeof(MPI.Status), MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
             _bound = True
         except (OSError, AttributeError, ValueError, TypeError):  # an MPI this was not made for
             _bound = False
@@ -83,15 +86,32 @@ def program(prologue: tuple, exchanges: tuple | None) -> Any:
     if exchanges is None or not enabled():
         return None
     size = MPI._sizeof(MPI.Request)
-    specs = []
+    specs, comms = [], set()
     for step, requests, statuses, _, works in exchanges:
         checks = tuple((index, expected) for index, expected, _ in step.receives)
         if any(expected > _INT_MAX for _, expected in checks):  # MPI_Get_count's int: Python says why
             return None
+        fresh = []
+        for index, message, dest, tag, comm in step.fresh_sends:
+            buf = message[0]
+            if not (isinstance(buf, np.ndarray) and message[1] == MPI.BYTE and buf.nbytes <= _INT_MAX):
+                return None  # MPI_Isend's int count (a larger send stays with mpi4py)
+            fresh.append((index, buf.ctypes.data, buf.nbytes, dest, tag, MPI._addressof(requests[index])))
+            comms.add(MPI._handleof(comm))
         handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)
         status_objects = tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(requests)
-        specs.append((handles, status_objects, checks, tuple(map(_work, works))))
-    return _replay.Program(tuple(map(_work, prologue)), tuple(specs))
+        specs.append((handles, status_objects, checks, tuple(map(_work, works)), tuple(fresh)))
+    if len(comms) > 1:
+        return None
+    return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0)
+
+
+def start(program: Any, index: int) -> None:
+    """Start exchange `index` of a program, for Python to wait for: how a plan's steps whose sends
+    are made anew start, so that the program and the steps' MPI.Request objects agree."""
+    code = program.start(index)
+    if code:
+        raise MPI.Exception(code)
 
 
 def _work(work: Any) -> Any:

@@ -25,7 +25,7 @@ from mpiring.engine.waiting import YIELD_SECONDS, is_complete, make_room, poll, 
 from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.ring import Ring
 
-_startall, _testall, _waitall = MPI.Prequest.Startall, MPI.Request.Testall, MPI.Request.Waitall
+_testall, _waitall = MPI.Request.Testall, MPI.Request.Waitall
 _BYTE = MPI.BYTE
 
 
@@ -180,7 +180,7 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
             call.step = 0
             for kind, item in plan.actions:
                 if kind == START:
-                    _startall(item)
+                    item.start()
                 elif kind == WAIT:
                     wait_step(ring, item, call)
                 else:
@@ -220,7 +220,7 @@ def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
         call.step = index
         try:
             if index > first or not started:
-                _startall(requests)
+                item.start()
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -258,8 +258,7 @@ class MessagesOnly:
     def __init__(self, plan: Plan) -> None:
         self._plan = plan
         plan.pinned += 1
-        self._messages = [(kind, item if kind == START else item.requests) for kind, item in plan.actions
-                          if kind != WORK]
+        self._messages = [(kind, item) for kind, item in plan.actions if kind != WORK]
         self._compiled = None
         if plan.compiled is not None:  # the same exchanges, without their work
             self._compiled = compiled.program((), tuple(exchange[:4] + ((),) for exchange in plan.exchanges))
@@ -268,11 +267,11 @@ class MessagesOnly:
         if self._compiled is not None:
             self._compiled.run(0, False, -1.0)
             return
-        for kind, requests in self._messages:
+        for kind, step in self._messages:
             if kind == START:
-                _startall(requests)
+                step.start()
             else:
-                _waitall(requests)
+                _waitall(step.requests)
 
     def release(self) -> None:
         self._plan.pinned -= 1
@@ -344,7 +343,7 @@ class PersistentRequest:
         if ring.in_flight:
             progress_others(ring)  # requests tested once and dropped finish as later calls come
         if plan.exchanges:
-            _startall(plan.exchanges[0][1])
+            plan.exchanges[0][0].start()
             ring.in_flight.append(self)
         else:
             self._running = False
@@ -425,7 +424,7 @@ class PersistentRequest:
             work()
         self._position += 1
         if self._position < len(exchanges):
-            _startall(exchanges[self._position][1])
+            exchanges[self._position][0].start()
         else:
             self._running = False
             self._ring.in_flight.remove(self)

@@ -2,12 +2,13 @@
 
 Building runs the collective's generator once, with a recorder standing in for the transport
 and for the arithmetic. Every message becomes a persistent MPI request bound to the real
-buffer (`Send_init`/`Recv_init`), every reduction or copy a function with its arrays bound,
-every `yield` a wait. Validation, algorithm choice, output placement and scratch allocation all
+buffer (`Send_init`/`Recv_init`; under Open MPI the sends are made anew each run, see
+Ring.persistent_sends), every reduction or copy a function with its arrays bound, every
+`yield` a wait. Validation, algorithm choice, output placement and scratch allocation all
 happen then; a run only starts requests, waits and does the arithmetic (mpiring.engine.executor).
 
     building (once)                               running (each call)
-    algorithm posts a step     ─►  START reqs     MPI Startall
+    algorithm posts a step     ─►  START step     step.start(): MPI Startall
     algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
     backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
 
@@ -32,7 +33,7 @@ from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring
 
 START, WAIT, WORK = 0, 1, 2
-Action = tuple[int, Any]  # (START, [requests]) | (WAIT, Step) | (WORK, function)
+Action = tuple[int, Any]  # (START, Step) | (WAIT, Step) | (WORK, function)
 
 # Plans a communicator keeps: a few per buffer set a program cycles through. The byte bound is
 # on what plans allocate themselves (outputs and scratch), not on the caller's arrays they hold
@@ -59,6 +60,10 @@ class Plan:
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue, self.exchanges = fuse(actions)
         self.compiled = compiled.program(self.prologue, self.exchanges)  # the exchanges replayed in C, if built
+        if self.compiled is not None:  # sends made anew start in C too, which keeps their handles
+            for index, exchange in enumerate(self.exchanges):
+                if exchange[0].fresh_sends:
+                    exchange[0].start = partial(compiled.start, self.compiled, index)
         self.result = result
         self.copy_result = False  # True: the result lives in the plan, so each call returns a copy
         self.traffic = traffic  # what one run hands to MPI
@@ -82,7 +87,7 @@ class Plan:
         return x is self.x and out is self.out
 
     def free(self) -> None:
-        """Release the persistent requests (the plan must not be running)."""
+        """Release the persistent requests (the plan must not be running: its sends made anew are done)."""
         for request in self.requests:
             request.Free()
         self.requests = []
@@ -172,12 +177,13 @@ class Recorder:
         self.allocated = 0
 
     def post(self, backend: NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
-        step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic, persistent=True)
+        step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic, persistent=True,
+                         persistent_sends=self.ring.persistent_sends)
         if step.receives:
             step.statuses = [MPI.Status() for _ in step.requests]
-        self.requests.extend(step.requests)
+        self.requests.extend(request for request in step.requests if request)  # the persistent ones
         self.unwaited.append(step)
-        self.actions.append((START, step.requests))
+        self.actions.append((START, step))
         return step
 
     def wait(self, step: Step) -> None:
@@ -260,7 +266,7 @@ def fuse(actions: list[Action]) -> tuple[tuple[Callable[[], Any], ...], tuple[Ex
         i += 1
     while i < len(actions):
         if not (i + 1 < len(actions) and actions[i][0] == START and actions[i + 1][0] == WAIT
-                and actions[i + 1][1].requests is actions[i][1]):
+                and actions[i + 1][1] is actions[i][1]):
             return tuple(prologue), None
         step = actions[i + 1][1]
         i += 2
@@ -279,7 +285,7 @@ def plan_steps(plan: Plan) -> Generator[Step, None, Any]:
         if kind == WAIT:
             yield item
         elif kind == START:
-            MPI.Prequest.Startall(item)
+            item.start()
         else:
             item()
     return plan.result
