@@ -238,9 +238,12 @@ class Communicator(BufferAPI):
         try:
             # A plan only stays cached while the communicator is usable (see _failed and free).
             # The same arrays may have had their shape or dtype reassigned in place: compare them.
+            # Device arrays may have changed path (mpiring.gpu.device_backend reads the
+            # environment on every call): compare their backend too.
             if (known.__class__ is Plan and ring.owner == get_ident()
                     and (x is None or (x.shape == known.x_shape and x.dtype is known.x_dtype))
-                    and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))):
+                    and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))
+                    and (known.backend is NUMPY or backend_for(out if x is None else x) is known.backend)):
                 # the call count keeps the ranks' sequence numbers together, as a built call does,
                 # and dates the plan's use (the least recently used is evicted first)
                 ring.calls = known.used = ring.calls + 1
@@ -252,7 +255,7 @@ class Communicator(BufferAPI):
             built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
             call = built.call
             call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
-            if built.plannable and key is not None and _caller_arrays(x, out):
+            if built.plannable and key is not None and _caller_arrays(x, out, built.backend):
                 if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
                     plan = build_plan(ring, built.backend, call, built.body)
                     plan.bind(x, out)
@@ -286,7 +289,7 @@ class Communicator(BufferAPI):
         try:
             call, backend, body, plannable, _ = self._build(collective, x, out, *args)
             plan = None
-            if plannable and _caller_arrays(x, out):
+            if plannable and _caller_arrays(x, out, backend):
                 call.tag = ring.persistent_tag()
                 plan = build_plan(ring, backend, call, body)
                 plan.bind(x, out)
@@ -675,9 +678,11 @@ def _counts_pair(send_counts: Any, recv_counts: Any) -> tuple[Any, Any]:
     return _key(send_counts), _key(recv_counts)
 
 
-def _caller_arrays(x: Any, out: Any) -> bool:
-    """Whether the caller's own x and out (not arrays made from them) are what a plan would hold."""
-    return (x is None or type(x) is _NDARRAY) and (out is None or type(out) is _NDARRAY)
+def _caller_arrays(x: Any, out: Any, backend: Any) -> bool:
+    """Whether the caller's own x and out (not arrays made from them) are what a plan would hold:
+    arrays of the backend's own type (numpy.ndarray, cupy.ndarray), not array-likes."""
+    kind = backend.xp.ndarray
+    return (x is None or type(x) is kind) and (out is None or type(out) is kind)
 
 
 def _overlap(a: Any, b: Any) -> bool:
@@ -701,10 +706,11 @@ def _key(counts: Any) -> Any:
 
 
 def _plannable(backend: Any, x: Any) -> bool:
-    """Whether a call can be recorded as a plan: host arrays, the (checked) input C-contiguous,
-    since the plan reads it in place. That the caller passed arrays, not array-likes, is
-    _caller_arrays' to check."""
-    return backend is NUMPY and (x is None or x.flags.c_contiguous)
+    """Whether a call can be recorded as a plan: host arrays, or device arrays that MPI reads
+    directly (a CUDA-aware MPI; the staged and IPC paths move each step themselves), with the
+    (checked) input C-contiguous, since the plan reads it in place. That the caller passed
+    arrays, not array-likes, is _caller_arrays' to check."""
+    return (backend is NUMPY or not backend.staged) and (x is None or x.flags.c_contiguous)
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:

@@ -3,7 +3,9 @@ once and replayed. Replays must give what an unplanned call gives, with new cont
 same arrays, across eviction, for persistent requests started many times, and interleaved with
 nonblocking calls; a plan keeps its arrays alive. Replays run in C where the extension was built
 (mpiring.engine.compiled) and in Python otherwise, and send by persistent requests (MPICH's
-default) or by new ones each run (Open MPI's): the tests that take `replay_comm` run all four."""
+default) or by new ones each run (Open MPI's): the tests that take `replay_comm` run all four.
+Device arrays on the direct path (a CUDA-aware MPI) are planned too: fake ones here
+(tests/fake_device.py), real ones in mpiring.gpu.check."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ import weakref
 
 import numpy as np
 import pytest
+from fake_device import FakeDeviceArray, direct_backend, staged_backend, to_device
 from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
+from mpiring.backend import NUMPY
 from mpiring.engine import compiled
-from mpiring.engine.plan import PLANS_KEPT, Plan
+from mpiring.engine.plan import PLANS_KEPT, START, WORK, Plan
 from mpiring.engine.waiting import YIELD_SECONDS
 
 pytestmark = pytest.mark.mpi
@@ -54,19 +58,19 @@ def _assert_replays_in(comm, plan):
     assert (plan.compiled is not None) == in_c, (comm.replay, plan.call.collective)
 
 
-def _calls(comm, algorithm, seed, rows):
+def _calls(comm, algorithm, seed, rows, empty=np.empty):
     """Every collective with out= given (plannable), each with its oracle. The arrays are made
-    once; `fill(seed)` writes new contents into them."""
-    x = np.empty((N * rows, 3), np.float64)
-    block = np.empty((rows, 3), np.float64)
-    whole = np.empty((N * rows, 3), np.float64)
-    part = np.empty((rows, 3), np.float64)
-    full = np.empty_like(x)
+    once, by `empty(shape, dtype)`; `fill(seed)` writes new contents into them."""
+    x = empty((N * rows, 3), np.float64)
+    block = empty((rows, 3), np.float64)
+    whole = empty((N * rows, 3), np.float64)
+    part = empty((rows, 3), np.float64)
+    full = empty(x.shape, x.dtype)
     root = seed % N
     counts = [rows] * N
     uneven = [(RANK + b) % 3 for b in range(N)]  # all-to-all-v: rank a sends rank b (a + b) % 3 rows
-    v_in, v_out = np.empty((sum(uneven), 3)), np.empty((sum((a + RANK) % 3 for a in range(N)), 3))
-    prefix = np.empty_like(x)
+    v_in, v_out = empty((sum(uneven), 3), np.float64), empty((sum((a + RANK) % 3 for a in range(N)), 3), np.float64)
+    prefix = empty(x.shape, x.dtype)
 
     def fill(seed):
         inputs = all_inputs(seed, N, x.shape, x.dtype)
@@ -129,6 +133,106 @@ def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows
                 arrays = planned.get(name)
                 if arrays is not None:
                     _assert_replays_in(comm, comm.plan_of(name, *arrays))
+
+
+@pytest.fixture
+def direct_device_comm(replay_comm, monkeypatch):
+    """replay_comm with fake device arrays (tests/fake_device.py) on the direct path: a CUDA-aware
+    MPI reads them in place, so their calls are planned as host ones are."""
+    import mpiring.communicator as communicator
+
+    backend = direct_backend([])
+    original = communicator.backend_for
+    monkeypatch.setattr(communicator, "backend_for",
+                        lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    replay_comm.device = backend
+    return replay_comm
+
+
+def _assert_device_plan(plan, backend):
+    """A device plan synchronizes the compute stream right before it starts any step (MPI must not
+    read a buffer a queued kernel still writes, nor write one a kernel still reads), and does its
+    arithmetic through the backend, whose kernels run with the buffers' GPU current."""
+    assert plan is not None
+    ready = backend.ready_for_mpi
+    for index, (kind, _) in enumerate(plan.actions):
+        if kind == START:
+            assert index > 0 and plan.actions[index - 1] == (WORK, ready), f"{plan.call.collective}: unsynchronized"
+    for kind, work in plan.actions:
+        if kind == WORK and work != ready:
+            assert work.func.__self__ is backend, f"{plan.call.collective}: {work.func} is not the backend's"
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "bruck"])
+def test_direct_device_replays_match_the_oracle(direct_device_comm, algorithm):
+    comm = direct_device_comm
+    backend = comm.device
+    fill, runs, root, _ = _calls(comm, algorithm, seed=3, rows=3,
+                                 empty=lambda shape, dtype: to_device(np.empty(shape, dtype)))
+    for seed in range(3):  # unplanned, then planned, then replayed
+        expected = fill(seed)
+        syncs = backend.engine.syncs
+        for name, run in runs.items():
+            got = run()
+            if (name in ("reduce", "gather") and RANK != root) or expected[name] is None:
+                assert got is None
+            else:
+                assert type(got) is FakeDeviceArray, name
+                assert_same(np.asarray(got), expected[name], f"{name} {algorithm} call {seed}")
+        if seed == 2:  # replays only: every step of every plan synchronized first
+            starts = sum(kind == START for plan in comm._plans.table.values() for kind, _ in plan.actions)
+            assert backend.engine.syncs - syncs == starts
+    plans = [plan for plan in comm._plans.table.values() if type(plan) is Plan]
+    assert len(plans) == len(runs)  # every collective, device arrays and counts given: all planned
+    for plan in plans:
+        _assert_device_plan(plan, backend)
+        fresh_sends = any(step.fresh_sends for kind, step in plan.actions if kind == START)
+        if not fresh_sends:  # sends made anew of device memory stay with mpi4py (compiled.program)
+            _assert_replays_in(comm, plan)
+
+
+def test_direct_device_results_and_persistent_requests(direct_device_comm):
+    comm = direct_device_comm
+    backend = comm.device
+    inputs = all_inputs(7, N, (N + 2, 3), np.float32)
+    x = to_device(inputs[RANK])
+    results = [comm.allreduce(x, op="avg") for _ in range(3)]  # no out=: each call a new device array
+    plan = comm.plan_of("allreduce", x)
+    _assert_device_plan(plan, backend)
+    assert all(type(got) is FakeDeviceArray for got in results) and results[1] is not results[2]
+    for got in results:
+        assert_same(np.asarray(got), numpy_reduce("avg", inputs), "allreduce avg")
+    out = to_device(np.empty_like(inputs[RANK]))
+    request = comm.allreduce_init(x, op="max", out=out)
+    _assert_device_plan(request._plan, backend)
+    for seed in range(5):
+        inputs = all_inputs(seed, N, x.shape, x.dtype)
+        x[...] = inputs[RANK]
+        request.start()
+        assert request.wait() is out
+        assert_same(np.asarray(out), numpy_reduce("max", inputs), f"persistent start {seed}")
+    request.free()
+
+
+def test_a_device_plan_is_not_replayed_on_another_path(direct_device_comm, monkeypatch):
+    """mpiring.gpu.device_backend reads MPIRING_CUDA_AWARE on every call: once device arrays
+    take the staged path, their direct-path plan (which hands MPI device memory) must not run."""
+    import mpiring.communicator as communicator
+
+    comm = direct_device_comm
+    inputs = all_inputs(3, N, (N, 2), np.float64)
+    x, out = to_device(inputs[RANK]), to_device(np.empty((N, 2)))
+    for _ in range(2):
+        comm.allreduce(x, out=out)
+    plan = comm.plan_of("allreduce", x, out)
+    assert plan is not None and plan.backend is comm.device
+    staged = staged_backend([])
+    monkeypatch.setattr(communicator, "backend_for", lambda a: staged if isinstance(a, FakeDeviceArray) else NUMPY)
+    out[...] = 0
+    assert comm.allreduce(x, out=out) is out
+    assert_same(np.asarray(out), numpy_reduce("sum", inputs), "allreduce on the staged path")
+    assert staged.pool.allocations > 0 or N == 1, "the call took the direct path's plan"
+    assert plan.used < comm._ring.calls  # not run by that call
 
 
 def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):

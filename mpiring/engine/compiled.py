@@ -94,8 +94,8 @@ def program(prologue: tuple, exchanges: tuple | None) -> Any:
         fresh = []
         for index, message, dest, tag, comm in step.fresh_sends:
             buf = message[0]
-            if not (isinstance(buf, np.ndarray) and message[1] == MPI.BYTE and buf.nbytes <= _INT_MAX):
-                return None  # MPI_Isend's int count (a larger send stays with mpi4py)
+            if not (type(buf) is np.ndarray and message[1] == MPI.BYTE and buf.nbytes <= _INT_MAX):
+                return None  # host memory with MPI_Isend's int count (device or larger sends stay with mpi4py)
             fresh.append((index, buf.ctypes.data, buf.nbytes, dest, tag, MPI._addressof(requests[index])))
             comms.add(MPI._handleof(comm))
         handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)

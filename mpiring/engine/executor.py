@@ -188,7 +188,7 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
         raise
-    return plan.result.copy() if plan.copy_result else plan.result
+    return plan.result if plan.copy_result is None else plan.copy_result(plan.result)
 
 
 def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:

@@ -12,7 +12,9 @@ happen then; a run only starts requests, waits and does the arithmetic (mpiring.
     algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
     backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
 
-Only the host backend is planned, and only calls whose buffers and layout are known on every
+Planned are host buffers and device buffers a CUDA-aware MPI reads directly (the direct path:
+the plan then synchronizes the compute stream before every step, as Ring.post does, and runs
+the backend's own device kernels), and only calls whose buffers and layout are known on every
 rank without asking the others: a plan is built without sending a message, so one rank may
 reuse a plan while another builds one and the two still agree on every message.
 """
@@ -24,9 +26,10 @@ from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any
 
+import numpy
 from mpi4py import MPI
 
-from mpiring.backend import NumpyBackend
+from mpiring.backend import NUMPY, NumpyBackend
 from mpiring.engine import compiled
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.ops import AVG, UFUNC_NAMES
@@ -49,11 +52,12 @@ class Plan:
     address reused by another array) while the persistent requests point into it.
     """
 
-    __slots__ = ("call", "actions", "prologue", "exchanges", "compiled", "result", "copy_result", "traffic",
-                 "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype", "out", "out_shape", "out_dtype")
+    __slots__ = ("call", "actions", "prologue", "exchanges", "compiled", "result", "backend", "copy_of",
+                 "copy_result", "traffic", "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype",
+                 "out", "out_shape", "out_dtype")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
-                 requests: list[MPI.Prequest], allocated: int) -> None:
+                 requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend) -> None:
         self.call = call
         self.actions = actions
         # the same actions as work before the first message, then exchanges (start a step, wait
@@ -65,7 +69,11 @@ class Plan:
                 if exchange[0].fresh_sends:
                     exchange[0].start = partial(compiled.start, self.compiled, index)
         self.result = result
-        self.copy_result = False  # True: the result lives in the plan, so each call returns a copy
+        self.backend = backend  # the arrays' (a device array's may change with MPIRING_CUDA_AWARE: rebuilt then)
+        # a new array with the contents of the one given, made by that backend (on the array's GPU)
+        self.copy_of = numpy.ndarray.copy if backend is NUMPY else partial(_copy_with, backend)
+        # set when the result lives in the plan: each call then returns copy_result(result)
+        self.copy_result: Callable[[Any], Any] | None = None
         self.traffic = traffic  # what one run hands to MPI
         self.requests = requests
         self.allocated = allocated  # bytes of outputs and scratch it allocated itself
@@ -80,7 +88,7 @@ class Plan:
             self.x_shape, self.x_dtype = x.shape, x.dtype
         if out is not None:
             self.out_shape, self.out_dtype = out.shape, out.dtype
-        self.copy_result = out is None and self.result is not None
+        self.copy_result = self.copy_of if out is None and self.result is not None else None
 
     def seen(self, x: Any, out: Any) -> bool:
         """Whether these arrays are the plan's own (it no longer fits them: build it anew)."""
@@ -176,7 +184,11 @@ class Recorder:
         self.unwaited: list[Step] = []  # posted, not yet waited for
         self.allocated = 0
 
-    def post(self, backend: NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
+    def post(self, backend: RecordingBackend | NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
+        # kernels queued so far must be done before MPI touches a device step's buffers (barriers
+        # and headers post host buffers through NUMPY itself)
+        if backend is not NUMPY and backend.on_device:
+            self.work(backend.ready_for_mpi)
         step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic, persistent=True,
                          persistent_sends=self.ring.persistent_sends)
         if step.receives:
@@ -198,8 +210,10 @@ class Recorder:
 
 
 class RecordingBackend:
-    """The host backend as a plan sees it: allocation happens now; reductions, copies and the
-    final touch of `avg` are recorded, with their functions resolved, to run on every call."""
+    """A backend as a plan sees it: allocation happens now; reductions, copies and the final touch
+    of `avg` are recorded, with their functions resolved, to run on every call. Host arithmetic
+    is recorded as the NumPy ufunc itself (which the C replay recognises); a device backend's as
+    its own method, which runs the kernel with its GPU current."""
 
     staged = False
 
@@ -207,6 +221,7 @@ class RecordingBackend:
         self._inner = inner
         self._recorder = recorder
         self.name, self.xp = inner.name, inner.xp
+        self.on_device = inner is not NUMPY
 
     def __getattr__(self, name: str) -> Any:  # is_array, flat, may_share_memory, messages...
         return getattr(self._inner, name)
@@ -217,14 +232,23 @@ class RecordingBackend:
         return array
 
     def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        self._recorder.work(partial(getattr(self.xp, UFUNC_NAMES[op]), a, b, out=out))
+        if self.on_device:
+            self._recorder.work(partial(self._inner.combine, op, a, b, out))
+        else:
+            self._recorder.work(partial(getattr(numpy, UFUNC_NAMES[op]), a, b, out=out))
 
     def finish(self, op: str, buf: Any, world_size: int) -> None:
         if op == AVG and buf.size:
-            self._recorder.work(partial(self.xp.true_divide, buf, world_size, out=buf))
+            if self.on_device:
+                self._recorder.work(partial(self._inner.finish, op, buf, world_size))
+            else:
+                self._recorder.work(partial(numpy.true_divide, buf, world_size, out=buf))
 
     def copy(self, dst: Any, src: Any) -> None:
-        self._recorder.work(partial(self.xp.copyto, dst, src))
+        if self.on_device:
+            self._recorder.work(partial(self._inner.copy, dst, src))
+        else:
+            self._recorder.work(partial(numpy.copyto, dst, src))
 
 
 def build_plan(ring: Ring, backend: NumpyBackend, call: Call, body: Callable[[Any], Steps]) -> Plan:
@@ -249,7 +273,14 @@ def build_plan(ring: Ring, backend: NumpyBackend, call: Call, body: Callable[[An
     finally:
         ring.recorder = None
     call.step = 0
-    return Plan(call, recorder.actions, result, recorder.traffic, recorder.requests, recorder.allocated)
+    return Plan(call, recorder.actions, result, recorder.traffic, recorder.requests, recorder.allocated, backend)
+
+
+def _copy_with(backend: NumpyBackend, array: Any) -> Any:
+    """A copy of `array` made by its backend (a device array's on its own GPU, not the current one)."""
+    copy = backend.empty(array.shape, array.dtype)
+    backend.copy(copy, array)
+    return copy
 
 
 Exchange = tuple[Step, list[MPI.Prequest], list[MPI.Status] | None, tuple[tuple[MPI.Status, int], ...],
