@@ -58,6 +58,7 @@ class Backend(Protocol):
     name: str
     xp: Any
     staged: bool  # True: Ring.post hands the step to post_staged instead of giving buffers to MPI
+    plannable: bool  # whether repeated calls may be recorded as plans (a staged one records its steps: record_step)
 
     def is_array(self, x: Any) -> bool: ...
     def asarray(self, x: Any) -> Any: ...
@@ -78,6 +79,7 @@ class NumpyBackend:
     name = "numpy"
     xp = numpy
     staged = False
+    plannable = True
 
     def is_array(self, x: Any) -> bool:
         return isinstance(x, numpy.ndarray)

@@ -706,11 +706,10 @@ def _key(counts: Any) -> Any:
 
 
 def _plannable(backend: Any, x: Any) -> bool:
-    """Whether a call can be recorded as a plan: host arrays, or device arrays that MPI reads
-    directly (a CUDA-aware MPI; the staged and IPC paths move each step themselves), with the
-    (checked) input C-contiguous, since the plan reads it in place. That the caller passed
-    arrays, not array-likes, is _caller_arrays' to check."""
-    return (backend is NUMPY or not backend.staged) and (x is None or x.flags.c_contiguous)
+    """Whether a call can be recorded as a plan: host arrays, or device arrays on the direct or
+    staged path (not IPC: `plannable`), with the (checked) input C-contiguous, since the plan
+    reads it in place. That the caller passed arrays, not array-likes, is _caller_arrays' to check."""
+    return (backend is NUMPY or backend.plannable) and (x is None or x.flags.c_contiguous)
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:

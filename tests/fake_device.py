@@ -243,6 +243,14 @@ class RecordingComm:
         self._check(message, "irecv")
         return self._comm.Irecv(message, source, tag)
 
+    def Send_init(self, message: Any, dest: int, tag: int) -> MPI.Prequest:  # noqa: N802 (a plan's send)
+        self._check(message, "send_init")
+        return self._comm.Send_init(message, dest, tag)
+
+    def Recv_init(self, message: Any, source: int, tag: int) -> MPI.Prequest:  # noqa: N802 (a plan's receive)
+        self._check(message, "recv_init")
+        return self._comm.Recv_init(message, source, tag)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._comm, name)
 

@@ -4,8 +4,8 @@ same arrays, across eviction, for persistent requests started many times, and in
 nonblocking calls; a plan keeps its arrays alive. Replays run in C where the extension was built
 (mpiring.engine.compiled) and in Python otherwise, and send by persistent requests (MPICH's
 default) or by new ones each run (Open MPI's): the tests that take `replay_comm` run all four.
-Device arrays on the direct path (a CUDA-aware MPI) are planned too: fake ones here
-(tests/fake_device.py), real ones in mpiring.gpu.check."""
+Device arrays on the direct path (a CUDA-aware MPI) and the staged one are planned too: fake
+ones here (tests/fake_device.py), real ones in tests/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 import pytest
-from fake_device import FakeDeviceArray, direct_backend, staged_backend, to_device
+from fake_device import FakeDeviceArray, RecordingComm, direct_backend, ipc_backend, staged_backend, to_device
 from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
@@ -135,43 +135,50 @@ def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows
                     _assert_replays_in(comm, comm.plan_of(name, *arrays))
 
 
-@pytest.fixture
-def direct_device_comm(replay_comm, monkeypatch):
-    """replay_comm with fake device arrays (tests/fake_device.py) on the direct path: a CUDA-aware
-    MPI reads them in place, so their calls are planned as host ones are."""
+@pytest.fixture(params=["direct", "staged"])
+def device_comm(replay_comm, monkeypatch, request):
+    """replay_comm with fake device arrays (tests/fake_device.py) on the direct path (a CUDA-aware
+    MPI reads them in place) or the staged one (through pinned host memory, with copies that land
+    late): their calls are planned as host ones are. Where plans replay in Python, MPI sits behind
+    a RecordingComm, which refuses a device buffer on the staged path."""
     import mpiring.communicator as communicator
 
-    backend = direct_backend([])
+    path = request.param
+    backend = direct_backend([]) if path == "direct" else staged_backend([], delay=1, segment_bytes=40)
     original = communicator.backend_for
     monkeypatch.setattr(communicator, "backend_for",
                         lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    if replay_comm.replay == "python":  # (the C replay takes the communicator's MPI handle)
+        replay_comm._ring.comm = RecordingComm(replay_comm._ring.comm, [], device_ok=path == "direct")
     replay_comm.device = backend
     return replay_comm
 
 
 def _assert_device_plan(plan, backend):
-    """A device plan synchronizes the compute stream right before it starts any step (MPI must not
-    read a buffer a queued kernel still writes, nor write one a kernel still reads), and does its
-    arithmetic through the backend, whose kernels run with the buffers' GPU current."""
+    """A direct-path plan synchronizes the compute stream right before it starts any step (MPI must
+    not read a buffer a queued kernel still writes, nor write one a kernel still reads); any device
+    plan does its arithmetic through the backend, whose kernels run with the buffers' GPU current."""
     assert plan is not None
     ready = backend.ready_for_mpi
     for index, (kind, _) in enumerate(plan.actions):
-        if kind == START:
+        if kind == START and not backend.staged:
             assert index > 0 and plan.actions[index - 1] == (WORK, ready), f"{plan.call.collective}: unsynchronized"
     for kind, work in plan.actions:
         if kind == WORK and work != ready:
-            assert work.func.__self__ is backend, f"{plan.call.collective}: {work.func} is not the backend's"
+            owner = getattr(work, "__self__", None) or work.func.__self__
+            assert owner is backend or type(owner).__module__ == "mpiring.gpu.staging", (plan.call.collective, work)
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "bruck"])
-def test_direct_device_replays_match_the_oracle(direct_device_comm, algorithm):
-    comm = direct_device_comm
+def test_device_replays_match_the_oracle(device_comm, algorithm):
+    comm = device_comm
     backend = comm.device
     fill, runs, root, _ = _calls(comm, algorithm, seed=3, rows=3,
                                  empty=lambda shape, dtype: to_device(np.empty(shape, dtype)))
-    for seed in range(3):  # unplanned, then planned, then replayed
+    for seed in range(4):  # unplanned, then planned, then replayed
         expected = fill(seed)
         syncs = backend.engine.syncs
+        pinned = len(backend.engine.pinned_blocks)
         for name, run in runs.items():
             got = run()
             if (name in ("reduce", "gather") and RANK != root) or expected[name] is None:
@@ -179,22 +186,27 @@ def test_direct_device_replays_match_the_oracle(direct_device_comm, algorithm):
             else:
                 assert type(got) is FakeDeviceArray, name
                 assert_same(np.asarray(got), expected[name], f"{name} {algorithm} call {seed}")
-        if seed == 2:  # replays only: every step of every plan synchronized first
-            starts = sum(kind == START for plan in comm._plans.table.values() for kind, _ in plan.actions)
-            assert backend.engine.syncs - syncs == starts
+        if seed >= 2:  # replays only
+            if backend.staged:  # the plans own their pinned blocks: nothing allocated
+                assert len(backend.engine.pinned_blocks) == pinned
+            else:  # every step of every plan synchronized first
+                starts = sum(kind == START for plan in comm._plans.table.values() for kind, _ in plan.actions)
+                assert backend.engine.syncs - syncs == starts
     plans = [plan for plan in comm._plans.table.values() if type(plan) is Plan]
     assert len(plans) == len(runs)  # every collective, device arrays and counts given: all planned
     for plan in plans:
         _assert_device_plan(plan, backend)
         fresh_sends = any(step.fresh_sends for kind, step in plan.actions if kind == START)
-        if not fresh_sends:  # sends made anew of device memory stay with mpi4py (compiled.program)
+        if not (fresh_sends and not backend.staged):  # new sends of device memory stay with mpi4py
             _assert_replays_in(comm, plan)
+    if comm.replay == "python" and backend.staged:
+        assert (N == 1 or comm._ring.comm.buffers) and all(kind is np.ndarray for kind in comm._ring.comm.buffers)
 
 
-def test_direct_device_results_and_persistent_requests(direct_device_comm):
-    comm = direct_device_comm
+def test_device_results_and_persistent_requests(device_comm):
+    comm = device_comm
     backend = comm.device
-    inputs = all_inputs(7, N, (N + 2, 3), np.float32)
+    inputs = all_inputs(7, N, (N + 2, 30), np.float32)
     x = to_device(inputs[RANK])
     results = [comm.allreduce(x, op="avg") for _ in range(3)]  # no out=: each call a new device array
     plan = comm.plan_of("allreduce", x)
@@ -202,6 +214,13 @@ def test_direct_device_results_and_persistent_requests(direct_device_comm):
     assert all(type(got) is FakeDeviceArray for got in results) and results[1] is not results[2]
     for got in results:
         assert_same(np.asarray(got), numpy_reduce("avg", inputs), "allreduce avg")
+    for length in (0, 1, 1001):  # empty, and chunks whose messages take different numbers of segments
+        y = to_device(np.empty(length, np.float32))
+        for seed in range(3):
+            parts = all_inputs(seed, N, length, np.float32)
+            y[...] = parts[RANK]
+            assert_same(np.asarray(comm.allreduce(y, algorithm="ring")), numpy_reduce("sum", parts), f"{length}")
+        assert comm.plan_of("allreduce", y) is not None
     out = to_device(np.empty_like(inputs[RANK]))
     request = comm.allreduce_init(x, op="max", out=out)
     _assert_device_plan(request._plan, backend)
@@ -209,30 +228,33 @@ def test_direct_device_results_and_persistent_requests(direct_device_comm):
         inputs = all_inputs(seed, N, x.shape, x.dtype)
         x[...] = inputs[RANK]
         request.start()
+        if seed % 2:
+            while not request.test():
+                pass
         assert request.wait() is out
         assert_same(np.asarray(out), numpy_reduce("max", inputs), f"persistent start {seed}")
     request.free()
 
 
-def test_a_device_plan_is_not_replayed_on_another_path(direct_device_comm, monkeypatch):
-    """mpiring.gpu.device_backend reads MPIRING_CUDA_AWARE on every call: once device arrays
-    take the staged path, their direct-path plan (which hands MPI device memory) must not run."""
+def test_a_device_plan_is_not_replayed_on_another_path(device_comm, monkeypatch):
+    """mpiring.gpu.device_backend reads MPIRING_CUDA_AWARE on every call: once device arrays take
+    another path, their plan (a direct one hands MPI device memory) must not run."""
     import mpiring.communicator as communicator
 
-    comm = direct_device_comm
+    comm = device_comm
     inputs = all_inputs(3, N, (N, 2), np.float64)
     x, out = to_device(inputs[RANK]), to_device(np.empty((N, 2)))
     for _ in range(2):
         comm.allreduce(x, out=out)
     plan = comm.plan_of("allreduce", x, out)
     assert plan is not None and plan.backend is comm.device
-    staged = staged_backend([])
-    monkeypatch.setattr(communicator, "backend_for", lambda a: staged if isinstance(a, FakeDeviceArray) else NUMPY)
+    other = ipc_backend([])  # not plannable: every call on it goes through its own transfer
+    monkeypatch.setattr(communicator, "backend_for", lambda a: other if isinstance(a, FakeDeviceArray) else NUMPY)
     out[...] = 0
     assert comm.allreduce(x, out=out) is out
-    assert_same(np.asarray(out), numpy_reduce("sum", inputs), "allreduce on the staged path")
-    assert staged.pool.allocations > 0 or N == 1, "the call took the direct path's plan"
-    assert plan.used < comm._ring.calls  # not run by that call
+    assert_same(np.asarray(out), numpy_reduce("sum", inputs), "allreduce on another path")
+    assert plan.used < comm._ring.calls, "the call replayed the other path's plan"
+    other.engine.close()
 
 
 def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):

@@ -252,3 +252,19 @@ def test_measurement_scripts_run_and_name_the_statistic(script, args, statistic,
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert statistic in proc.stdout
     assert " us" in proc.stdout
+
+
+def test_gpu_check_report_prints_every_path_and_says_what_was_not_planned(capsys):
+    """The report's table, from results shaped as main() makes them (first run on a GPU otherwise)."""
+    from mpiring.gpu import check
+
+    row = {"MiB": 16, "staged_busbw_GBps": 9.5, "staged_vs_limit": 0.8, "staged_unplanned_busbw_GBps": 9.1,
+           "staged_planned": True, "direct_busbw_GBps": 20.0, "native_busbw_GBps": 21.0, "direct_planned": False}
+    results = {"ranks": 2, "gpu": "H100", "cupy": "13", "mpi": "MPICH", "cuda_aware": True, "cuda_aware_how": "env",
+               "statistic": "median", "bindings": ["rank 0: GPU 0"], "staged_limit_GBps": 12.0, "host_mpi_GBps": 5.0,
+               "device_copy_GBps": 900.0, "allreduce": [row, {**row, "MiB": 64, "direct_planned": True}],
+               "pinned": {"d2h_GBps": 20.0, "h2d_GBps": 20.0, "duplex_each_GBps": 12.0}}
+    check._report(results)
+    lines = capsys.readouterr().out.splitlines()
+    assert "unplanned" in lines[-3] and "9.10" in lines[-2] and "20.00" in lines[-2]
+    assert lines[-2].endswith("(not planned: direct)") and "not planned" not in lines[-1]

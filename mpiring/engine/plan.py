@@ -12,11 +12,13 @@ happen then; a run only starts requests, waits and does the arithmetic (mpiring.
     algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
     backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
 
-Planned are host buffers and device buffers a CUDA-aware MPI reads directly (the direct path:
-the plan then synchronizes the compute stream before every step, as Ring.post does, and runs
-the backend's own device kernels), and only calls whose buffers and layout are known on every
-rank without asking the others: a plan is built without sending a message, so one rank may
-reuse a plan while another builds one and the two still agree on every message.
+Planned are host buffers and device buffers on the direct path (a CUDA-aware MPI reads them:
+the plan synchronizes the compute stream before every step, as Ring.post does, and runs the
+backend's own device kernels) and on the staged path (the backend records each step itself, as
+rounds of host segments and the copies around them: mpiring.gpu.staging.record_staged_step),
+and only calls whose buffers and layout are known on every rank without asking the others: a
+plan is built without sending a message, so one rank may reuse a plan while another builds one
+and the two still agree on every message.
 """
 
 from __future__ import annotations
@@ -183,14 +185,19 @@ class Recorder:
         self.requests: list[MPI.Prequest] = []
         self.unwaited: list[Step] = []  # posted, not yet waited for
         self.allocated = 0
+        # what a backend's recording keeps across the steps of one plan (the staged path's pinned blocks)
+        self.shared: dict[Any, Any] = {}
+        self._after: dict[int, list[Callable[[], Any]]] = {}  # id(step) -> work recorded right after its WAIT
 
-    def post(self, backend: RecordingBackend | NumpyBackend, tag: int, sends: Any, receives: Any) -> Step:
-        # kernels queued so far must be done before MPI touches a device step's buffers (barriers
-        # and headers post host buffers through NUMPY itself)
-        if backend is not NUMPY and backend.on_device:
-            self.work(backend.ready_for_mpi)
-        step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic, persistent=True,
-                         persistent_sends=self.ring.persistent_sends)
+    def post(self, backend: RecordingBackend | NumpyBackend, tag: int, sends: Any, receives: Any,
+             traffic: Traffic | None = None) -> Step:
+        if backend is not NUMPY:  # (barriers and headers post host buffers through NUMPY itself)
+            if backend.staged:  # the backend records its step itself (the staged path's segments)
+                return backend.record_step(self, tag, sends, receives)
+            if backend.on_device:  # kernels queued so far must be done before MPI touches these buffers
+                self.work(backend.ready_for_mpi)
+        step = make_step(self.ring.comm, backend, tag, sends, receives, self.traffic if traffic is None else traffic,
+                         persistent=True, persistent_sends=self.ring.persistent_sends)
         if step.receives:
             step.statuses = [MPI.Status() for _ in step.requests]
         self.requests.extend(request for request in step.requests if request)  # the persistent ones
@@ -204,9 +211,15 @@ class Recorder:
                                "communicate while its plan is built)")
         self.unwaited = [posted for posted in self.unwaited if posted is not step]
         self.actions.append((WAIT, step))
+        for work in self._after.pop(id(step), ()):
+            self.work(work)
 
     def work(self, function: Callable[[], Any]) -> None:
         self.actions.append((WORK, function))
+
+    def after_wait(self, step: Step, works: list[Callable[[], Any]]) -> None:
+        """Record `works` right after `step` is waited for (a staged step's copies to the device)."""
+        self._after[id(step)] = works
 
 
 class RecordingBackend:
@@ -215,12 +228,10 @@ class RecordingBackend:
     is recorded as the NumPy ufunc itself (which the C replay recognises); a device backend's as
     its own method, which runs the kernel with its GPU current."""
 
-    staged = False
-
     def __init__(self, inner: NumpyBackend, recorder: Recorder) -> None:
         self._inner = inner
         self._recorder = recorder
-        self.name, self.xp = inner.name, inner.xp
+        self.name, self.xp, self.staged = inner.name, inner.xp, inner.staged
         self.on_device = inner is not NUMPY
 
     def __getattr__(self, name: str) -> Any:  # is_array, flat, may_share_memory, messages...

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from mpiring.engine.transport import Step
 from mpiring.gpu.ipc import IpcEngine, IpcTransfer
-from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, segment_bytes_from_env
+from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, record_staged_step, segment_bytes_from_env
 from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring
 
@@ -37,6 +37,7 @@ class CupyBackend:
     name = "cupy"
     staged = False
     path = "direct"
+    plannable = True  # a repeated call may be recorded as a plan (mpiring.engine.plan)
 
     def __init__(self, xp: Any, device: AbstractContextManager, engine: CopyEngine, name: str = "cupy") -> None:
         # The name also keys the Ring's reusable scratch buffers, so it names the GPU: a buffer
@@ -144,6 +145,12 @@ class StagedCupyBackend(_SelfPostingBackend):
     def _transfer(self, ring: Ring, tag: int, step: Step) -> StagedTransfer:
         return StagedTransfer(ring.comm, self.engine, self.pool, tag, step, self.segment_bytes)
 
+    def record_step(self, recorder: Any, tag: int, sends: Sequence[tuple[Any, int]] = (),
+                    receives: Sequence[tuple[Any, int]] = ()) -> Step:
+        """Ring.post while a plan is built: the step's segments become steps of the plan."""
+        with self.device:
+            return record_staged_step(recorder, self.engine, self.segment_bytes, tag, sends, receives)
+
 
 class IpcCupyBackend(_SelfPostingBackend):
     """Device buffers on one GPU, moved by CUDA IPC between ranks of one node (mpiring.gpu.ipc).
@@ -154,6 +161,7 @@ class IpcCupyBackend(_SelfPostingBackend):
     """
 
     path = "ipc"
+    plannable = False  # whether a step takes IPC depends on the ring: each call decides
 
     def __init__(
         self, xp: Any, device: AbstractContextManager, engine: IpcEngine, fallback: CupyBackend,

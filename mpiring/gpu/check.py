@@ -6,10 +6,10 @@
    through each direction per rank, with the two directions and MPI overlapped, so its bus
    bandwidth cannot exceed the slower direction's concurrent bandwidth: that is the limit.
 2. mpiring's device-buffer all-reduce on the staged path (MPIRING_CUDA_AWARE=0 forced), busbw
-   per size, and its fraction of the limit (goal: >= 0.8 at >= 16 MiB).
+   per size, and its fraction of the limit (goal: >= 0.8 at >= 16 MiB): planned (the same
+   buffers every call, as a training loop calls it) and unplanned (a new view of x every call).
 3. Where MPI is CUDA-aware: the direct path against MPI's own Allreduce on the same device
-   buffers (goal: at least as fast), and whether its calls replayed a plan (they should: the
-   same buffers every call).
+   buffers (goal: at least as fast), planned.
 4. The IPC path (ranks of one node, device to device by CUDA IPC), busbw per size against the
    device-to-device copy rate every rank gets while all copy at once (goal: >= 0.5 at >= 64 MiB).
 5. What MPI itself moves between host buffers (each rank Sendrecv's with its ring neighbours at
@@ -32,6 +32,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy
@@ -185,28 +186,36 @@ def main(argv: list[str] | None = None) -> int:
         for mib in args.sizes_mib:
             nbytes = mib * MIB
             x = cupy.ones(nbytes // 4, dtype=cupy.float32)
-            out = cupy.empty_like(x)
+            outs = {name: cupy.empty_like(x) for name in ("staged", "unplanned", "ipc", "direct", "native")}
 
-            def ours(x: Any = x, out: Any = out) -> None:
+            def ours(out: Any, x: Any = x) -> None:  # same arrays every call: replays a plan (not on ipc)
                 comm.allreduce(x, out=out)
 
-            # staged whatever the library says; IPC where the ranks share a node; where MPI is
-            # CUDA-aware, the direct path and MPI's own Allreduce on the same device buffers
-            runs = {"staged": _on_path(ours, MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0")}
+            def unplanned(x: Any = x, out: Any = outs["unplanned"]) -> None:  # a new view each call: no plan
+                comm.allreduce(x[:], out=out)
+
+            # staged whatever the library says, planned and not; IPC where the ranks share a node;
+            # where MPI is CUDA-aware, the direct path and MPI's own Allreduce on the same buffers.
+            # Each path has its own output, so each keeps its own plan.
+            runs = {"staged": _on_path(partial(ours, outs["staged"]), MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0"),
+                    "unplanned": _on_path(unplanned, MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE="0")}
             if comm._ring.node_local:
-                runs["ipc"] = _on_path(ours, MPIRING_GPU_IPC="1", MPIRING_CUDA_AWARE=aware)
+                runs["ipc"] = _on_path(partial(ours, outs["ipc"]), MPIRING_GPU_IPC="1", MPIRING_CUDA_AWARE=aware)
             if awareness.aware:
-                runs["direct"] = _on_path(ours, MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE=aware)
-                runs["native"] = lambda x=x, out=out: world.Allreduce(x, out, MPI.SUM)
+                runs["direct"] = _on_path(partial(ours, outs["direct"]), MPIRING_GPU_IPC="0", MPIRING_CUDA_AWARE=aware)
+                runs["native"] = lambda x=x, out=outs["native"]: world.Allreduce(x, out, MPI.SUM)
             busbw = allreduce_busbw(cupy, world, runs, nbytes, args.repeats, args.iters, args.warmup)
-            row = {"MiB": mib, "staged_busbw_GBps": busbw["staged"], "staged_vs_limit": busbw["staged"] / limit}
+            row = {"MiB": mib, "staged_busbw_GBps": busbw["staged"], "staged_vs_limit": busbw["staged"] / limit,
+                   "staged_unplanned_busbw_GBps": busbw["unplanned"],
+                   "staged_planned": comm.plan_of("allreduce", x, outs["staged"]) is not None}
             if "ipc" in busbw:
                 row.update(ipc_busbw_GBps=busbw["ipc"], ipc_vs_copy=busbw["ipc"] / results["device_copy_GBps"])
-            if "direct" in busbw:  # repeated on the same buffers, the direct path's calls replay a plan
+            if "direct" in busbw:
                 row.update(direct_busbw_GBps=busbw["direct"], native_busbw_GBps=busbw["native"],
-                           direct_planned=comm.plan_of("allreduce", x, out) is not None)
-            if not bool((out == p).all()):
-                raise SystemExit(f"rank {rank}: wrong all-reduce result at {mib} MiB")
+                           direct_planned=comm.plan_of("allreduce", x, outs["direct"]) is not None)
+            for name in runs:
+                if not bool((outs[name] == p).all()):
+                    raise SystemExit(f"rank {rank}: wrong all-reduce result on the {name} path at {mib} MiB")
             table.append(row)
     finally:
         _set_env(**original)
@@ -239,17 +248,19 @@ def _report(results: dict[str, Any]) -> None:
     print(f"staged all-reduce busbw limit: {results['staged_limit_GBps']:.1f} GB/s")
     print(f"MPI between host buffers, per rank, all ranks at once: {results['host_mpi_GBps']:.1f} GB/s")
     print(f"device-to-device copy per rank, all ranks at once: {results['device_copy_GBps']:.1f} GB/s")
-    print(f"{'MiB':>6} {'staged busbw':>13} {'of limit':>9} {'ipc busbw':>10} {'of copy':>8} {'direct':>8} "
-          f"{'native':>8}   (GB/s)")
+    print(f"{'MiB':>6} {'staged busbw':>13} {'of limit':>9} {'unplanned':>10} {'ipc busbw':>10} {'of copy':>8} "
+          f"{'direct':>8} {'native':>8}   (GB/s)")
 
     def cell(row: dict[str, Any], key: str, form: str, width: int) -> str:
         return format(row[key], form).rjust(width) if key in row else "-".rjust(width)
 
     for row in results["allreduce"]:
+        unplanned = [name for name in ("staged", "direct") if not row.get(f"{name}_planned", True)]
         print(f"{row['MiB']:>6} {row['staged_busbw_GBps']:13.2f} {row['staged_vs_limit']:9.0%} "
+              f"{row['staged_unplanned_busbw_GBps']:10.2f} "
               f"{cell(row, 'ipc_busbw_GBps', '.2f', 10)} {cell(row, 'ipc_vs_copy', '.0%', 8)} "
               f"{cell(row, 'direct_busbw_GBps', '.2f', 8)} {cell(row, 'native_busbw_GBps', '.2f', 8)}"
-              f"{'' if row.get('direct_planned', True) else '   (direct path not planned)'}")
+              f"{'   (not planned: ' + ', '.join(unplanned) + ')' if unplanned else ''}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,11 @@ Pinned blocks come from a `PinnedPool` and go back to it when the step ends (a r
 carries a fence: it is reused only once its H2D copies have finished), so steady-state calls
 allocate nothing.
 
+A repeated call on the same buffers is planned (mpiring.engine.plan): `record_staged_step` then
+cuts each step into rounds of segments, each round a step of the plan with persistent requests
+on pinned blocks the plan owns, and the copies its work (`StagedSchedule`, at the end of this
+module). The same overlap, without a transfer object, pool or segment arithmetic per call.
+
 All CUDA work goes through a `CopyEngine` (mpiring.gpu.engine.CupyCopyEngine on a GPU); tests
 drive the same pipeline with a fake engine on host arrays.
 """
@@ -29,6 +34,7 @@ drive the same pipeline with a fake engine on host arrays.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import pairwise
 from typing import Any, Protocol
 
@@ -36,6 +42,8 @@ import numpy
 from mpi4py import MPI
 
 from mpiring import environment
+from mpiring.backend import NUMPY
+from mpiring.engine.transport import Step, Traffic
 from mpiring.errors import CommunicationError
 
 SEGMENT_ENV = "MPIRING_GPU_SEGMENT_BYTES"
@@ -278,3 +286,144 @@ class StagedTransfer:
             self._pool.release(block, fence)
         self._send_blocks = self._receive_blocks = []
         self._done = True
+
+
+# ---- the staged path in a plan (mpiring.engine.plan): segments become the plan's own steps ----
+
+
+_Part = tuple[Any, numpy.ndarray, list[int]]  # a device buffer, its bytes in a pinned block, its segment bounds
+
+
+class _PlanBlock:
+    """A pinned block a staged plan's steps share, and the fence of the last copies out of it
+    (a receive block may take new bytes only once the device has copied the previous ones in)."""
+
+    __slots__ = ("host", "fence")
+
+    def __init__(self, host: numpy.ndarray) -> None:
+        self.host = host
+        self.fence: Any = None
+
+
+class PlanBlocks:
+    """The pinned blocks of one staged plan: one block sends, one receives, step after step (a step
+    that needs more gets a larger block from then on). A plan runs one step at a time, so a step's
+    sends are done before the next step copies into the send block; the receive block's fence
+    orders the rest."""
+
+    def __init__(self, engine: CopyEngine) -> None:
+        self._engine = engine
+        self._blocks: dict[str, _PlanBlock] = {}
+        self.allocated = 0  # bytes of pinned memory allocated so far
+
+    def block(self, kind: str, nbytes: int) -> _PlanBlock:
+        """The `kind` ("send" or "receive") block, at least nbytes large (zero bytes: an empty one)."""
+        if nbytes == 0:
+            return _PlanBlock(_EMPTY)
+        block = self._blocks.get(kind)
+        if block is None or block.host.nbytes < nbytes:
+            capacity = PinnedPool.size_class(nbytes)
+            block = self._blocks[kind] = _PlanBlock(self._engine.pinned(capacity))
+            self.allocated += capacity
+        return block
+
+
+class StagedSchedule:
+    """One staged ring step as a plan replays it, the pipeline of StagedTransfer cut into rounds:
+
+        copy_out()     after the compute stream, queue every send segment's D2H copy at once
+        ready(r)       round r's D2H copies are done (round 0: and the receive block is free)
+        (messages)     round r's segments, host to host: a step of the plan, persistent requests
+        copy_in(r)     queue the H2D copies of round r's received segments
+        join()         the compute stream waits for the H2D copies
+
+    so the D2H of round r+1 and the H2D of round r-1 overlap round r's messages.
+    """
+
+    def __init__(self, engine: CopyEngine, sends: list[_Part], receives: list[_Part],
+                 receive_block: _PlanBlock) -> None:
+        self._engine = engine
+        self._sends = sends  # one per buffer sent, however many ranks it goes to
+        self._receives = receives  # one per message received
+        self._receive_block = receive_block
+        self.rounds = max((len(bounds) - 1 for _, _, bounds in sends + receives), default=1)
+        self._copies_out: list[list[Any]] = [[] for _ in range(self.rounds)]
+
+    def copy_out(self) -> None:
+        engine, copies = self._engine, self._copies_out
+        engine.after_compute()
+        for fences in copies:
+            fences.clear()
+        for device, host, bounds in self._sends:
+            for r, (lo, hi) in enumerate(pairwise(bounds)):
+                if hi > lo:
+                    copies[r].append(engine.to_host(host[lo:hi], device, lo))
+
+    def ready(self, r: int) -> None:
+        """Wait (spinning: device copies take microseconds) until round r may be sent and received."""
+        done = self._engine.done
+        fences = self._copies_out[r] + ([self._receive_block.fence] if r == 0 else [])
+        for fence in fences:
+            while not done(fence):
+                pass
+
+    def copy_in(self, r: int) -> None:
+        for device, host, bounds in self._receives:
+            if r + 1 < len(bounds) and bounds[r + 1] > bounds[r]:
+                lo, hi = bounds[r], bounds[r + 1]
+                self._engine.to_device(device, lo, host[lo:hi])
+
+    def join(self) -> None:
+        if any(bounds[-1] for _, _, bounds in self._receives):
+            self._receive_block.fence = self._engine.before_compute()
+
+
+def _laid_out(devices: list[Any], block: numpy.ndarray, segment_bytes: int) -> list[_Part]:
+    """The buffers' places, one after another, in a pinned block."""
+    parts, offset = [], 0
+    for device in devices:
+        parts.append((device, block[offset : offset + device.nbytes], segment_bounds(device.nbytes, segment_bytes)))
+        offset += device.nbytes
+    return parts
+
+
+def _round(parts: list[tuple[_Part, int]], r: int) -> list[tuple[numpy.ndarray, int]]:
+    """Round r's host segments of these messages, (segment, peer) as Ring.post takes them."""
+    return [(host[bounds[r] : bounds[r + 1]], peer) for (_, host, bounds), peer in parts if r + 1 < len(bounds)]
+
+
+def record_staged_step(recorder: Any, engine: CopyEngine, segment_bytes: int, tag: int,
+                       sends: Sequence[tuple[Any, int]], receives: Sequence[tuple[Any, int]]) -> Step:
+    """Record one staged step into a plan being built (mpiring.engine.plan.Recorder): its rounds
+    of segments become the plan's own steps of host messages, the copies its work. Returns the
+    last round's step (the one the algorithm yields); its H2D copies and the join are recorded
+    right after it is waited for."""
+    blocks = recorder.shared.get(engine)
+    if blocks is None:
+        blocks = recorder.shared[engine] = PlanBlocks(engine)
+    before = blocks.allocated
+    unique = list({id(device): device for device, _ in sends}.values())
+    send_block = blocks.block("send", sum(device.nbytes for device in unique))
+    receive_block = blocks.block("receive", sum(device.nbytes for device, _ in receives))
+    recorder.allocated += blocks.allocated - before
+    send_parts = _laid_out(unique, send_block.host, segment_bytes)
+    receive_parts = _laid_out([device for device, _ in receives], receive_block.host, segment_bytes)
+    schedule = StagedSchedule(engine, send_parts, receive_parts, receive_block)
+    by_buffer = {id(part[0]): part for part in send_parts}
+    sending = [(by_buffer[id(device)], dest) for device, dest in sends]
+    receiving = [(part, source) for part, (_, source) in zip(receive_parts, receives, strict=True)]
+
+    traffic = recorder.traffic  # the algorithm's messages, not the segments MPI sees (as post_staged counts)
+    traffic.bytes_received += sum(device.nbytes for device, _ in receives)
+    traffic.bytes_sent += sum(device.nbytes for device, _ in sends)
+    traffic.messages += len(sends)
+    uncounted = Traffic()
+    recorder.work(schedule.copy_out)
+    for r in range(schedule.rounds):
+        recorder.work(partial(schedule.ready, r))
+        step = recorder.post(NUMPY, tag, _round(sending, r), _round(receiving, r), uncounted)
+        if r + 1 < schedule.rounds:
+            recorder.wait(step)
+            recorder.work(partial(schedule.copy_in, r))
+    recorder.after_wait(step, [partial(schedule.copy_in, schedule.rounds - 1), schedule.join])
+    return step
