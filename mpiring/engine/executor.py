@@ -169,14 +169,19 @@ def count_traffic(ring: Ring, plan: Plan) -> None:
 
 
 def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
-    """Run `plan` once, blocking, and return its result (a copy when the plan owns it)."""
+    """Run `plan` once, blocking, and return its result (a copy when the plan owns it).
+
+    Every planned blocking call comes here, so its common case (a compiled plan, nothing else
+    in flight) calls the C replay directly: each Python call and attribute costs tens of ns."""
     call = plan.call
     call.timeout = timeout
-    count_traffic(ring, plan)
+    traffic, once = ring.traffic, plan.traffic  # count_traffic, inline
+    traffic.bytes_sent += once.bytes_sent
+    traffic.bytes_received += once.bytes_received
+    traffic.messages += once.messages
+    program = plan.compiled
     try:
-        if not ring.in_flight and plan.exchanges is not None:  # the common case: inline
-            run_exchanges(ring, plan, 0, started=False)
-        else:
+        if ring.in_flight or plan.exchanges is None:
             call.step = 0
             for kind, item in plan.actions:
                 if kind == START:
@@ -185,6 +190,13 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
                     wait_step(ring, item, call)
                 else:
                     item()
+        elif program is None:
+            run_exchanges(ring, plan, 0, started=False)
+        else:
+            spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
+            stopped = program.run(0, False, spin)
+            if stopped is not None:
+                _resume(ring, plan, stopped, spin)
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
         raise
@@ -194,26 +206,37 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
 def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
     """Run the plan's exchanges from `first` on (`started`: that one's requests already are)
     with nothing else in flight: small calls are paid in Python time, so this is the lean path.
-    A run from the very beginning (first 0, not started) does the prologue first. Per exchange:
-    one Waitall, or with a timeout one Testall and, if the step is not done yet, waiting.poll;
-    then the size checks and the exchange's work. A plan with a compiled form
-    (mpiring.engine.compiled) runs the same loop in C, which hands back here the exchange that
-    needs Python: one still incomplete after waiting.YIELD_SECONDS, a wrong size, an MPI error."""
-    call = plan.call
-    timeout = call.timeout
-    waited = 0.0  # seconds the C loop already waited for exchange `first`
+    A run from the very beginning (first 0, not started) does the prologue first. A plan with
+    a compiled form (mpiring.engine.compiled) runs them in C, which hands back the exchange
+    that needs Python (_resume)."""
     if plan.compiled is not None:
+        timeout = plan.call.timeout
         spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
         stopped = plan.compiled.run(first, started, spin)
-        if stopped is None:
-            return
-        first, reason, code = stopped
-        if reason != compiled.STOPPED_WAITING:
-            _raise_stopped(ring, plan, first, code)
-        started, waited = True, spin
-    elif first == 0 and not started:
+        if stopped is not None:
+            _resume(ring, plan, stopped, spin)
+        return
+    if first == 0 and not started:
         for work in plan.prologue:
             work()
+    _exchanges_in_python(ring, plan, first, started, 0.0)
+
+
+def _resume(ring: Ring, plan: Plan, stopped: tuple[int, int, int], spin: float) -> None:
+    """Carry on where the C replay stopped: an exchange still incomplete after `spin` seconds
+    goes on in Python (waiting.poll); a wrong size or an MPI error raises."""
+    first, reason, code = stopped
+    if reason != compiled.STOPPED_WAITING:
+        _raise_stopped(ring, plan, first, code)
+    _exchanges_in_python(ring, plan, first, True, spin)
+
+
+def _exchanges_in_python(ring: Ring, plan: Plan, first: int, started: bool, waited: float) -> None:
+    """The replay loop, per exchange: one Waitall, or with a timeout one Testall and, if the
+    step is not done yet, waiting.poll (`waited`: seconds already spent on exchange `first`);
+    then the size checks and the exchange's work."""
+    call = plan.call
+    timeout = call.timeout
     exchanges = plan.exchanges
     for index in range(first, len(exchanges)):
         item, requests, statuses, checks, works = exchanges[index]
