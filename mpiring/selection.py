@@ -27,7 +27,9 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "gather": [(1 << 20, "binomial"), (None, "ring")],
     # Bruck's fewer rounds lost to the ring at 4 and 8 ranks here at every size (docs/algorithms.md)
     "allgather": [(None, "ring")],
-    "scatter": [(4 << 20, "binomial"), (None, "ring")],
+    # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1
+    # and copies half as much in all, and won at 4 and 8 ranks up to 32 MiB (docs/algorithms.md)
+    "scatter": [(None, "binomial")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
     # the rank's whole input; Bruck's lg p rounds each send about half of it, and won only at
