@@ -14,6 +14,7 @@ with the ring (`Ring.abandon`): MPI may still write into their buffers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any
 
 from mpi4py import MPI
@@ -359,7 +360,10 @@ class PersistentRequest:
             self._run = self._run_step(lambda: CollectiveRequest(ring, steps, call))
             self._running = not self._run.done
             return
-        count_traffic(ring, plan)
+        traffic, once = ring.traffic, plan.traffic  # count_traffic, inline (the persistent hot path)
+        traffic.bytes_sent += once.bytes_sent
+        traffic.bytes_received += once.bytes_received
+        traffic.messages += once.messages
         for work in plan.prologue:
             work()
         self._position = 0
@@ -407,11 +411,13 @@ class PersistentRequest:
             self._running = False
             return self._run.result
         if self._running:
-            ring.claim(call.collective)
+            if ring.owner != get_ident():
+                ring.claim(call.collective)  # breaks the ring: waited for from a second thread
             exchanges = self._plan.exchanges
             try:
-                if ring.in_flight == [self]:  # nothing else to advance: the lean path
-                    ring.in_flight.clear()
+                in_flight = ring.in_flight
+                if len(in_flight) == 1 and in_flight[0] is self:  # nothing else to advance: the lean path
+                    in_flight.clear()
                     self._running = False
                     run_exchanges(ring, self._plan, self._position, started=True)
                 while self._running:

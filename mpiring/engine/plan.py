@@ -66,10 +66,9 @@ class Plan:
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue, self.exchanges = fuse(actions)
         self.compiled = compiled.program(self.prologue, self.exchanges)  # the exchanges replayed in C, if built
-        if self.compiled is not None:  # sends made anew start in C too, which keeps their handles
-            for index, exchange in enumerate(self.exchanges):
-                if exchange[0].fresh_sends:
-                    exchange[0].start = partial(compiled.start, self.compiled, index)
+        if self.compiled is not None:  # its steps start in C too: cheaper than mpi4py's Startall of a
+            for index, exchange in enumerate(self.exchanges):  # list, and sends made anew keep their handles
+                exchange[0].start = partial(compiled.start, self.compiled, index)
         self.result = result
         self.backend = backend  # the arrays' (a device array's may change with MPIRING_CUDA_AWARE: rebuilt then)
         # a new array with the contents of the one given, made by that backend (on the array's GPU)
