@@ -1,9 +1,10 @@
 """The compiled replay: a plan's exchanges run in C (mpiring/engine/_replay.c) when the extension
 was built at install time (it needs a C compiler and Python's headers, no MPI headers).
 
-    executor.run_exchanges ──► Program.run(first, started, spin) ──► None: every exchange done
-                                                                └──► (exchange, why, code): Python
-                                                                     carries on from there
+    executor.run_plan, run_exchanges ──► Program.run(first, started, spin) ──► None: every exchange done
+                                                                          └──► (exchange, why, code): Python
+                                                                               carries on from there
+    a step started on its own (Plan) ──► Program.start(index)
 
 It changes where the loop runs, not what it does: the same persistent requests (and the same
 sends made anew each run, where Ring.persistent_sends is off), waited for in the same order,
@@ -107,8 +108,9 @@ def program(prologue: tuple, exchanges: tuple | None) -> Any:
 
 
 def start(program: Any, index: int) -> None:
-    """Start exchange `index` of a program, for Python to wait for: how a plan's steps whose sends
-    are made anew start, so that the program and the steps' MPI.Request objects agree."""
+    """Start exchange `index` of a program, for Python to wait for: how a compiled plan's steps
+    start (cheaper than mpi4py's Startall of a list; sends made anew keep their handles in the
+    program, which copies them to the steps' MPI.Request objects)."""
     code = program.start(index)
     if code:
         raise MPI.Exception(code)
