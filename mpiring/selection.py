@@ -27,8 +27,8 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "gather": [(1 << 20, "binomial"), (None, "ring")],
     # Bruck's fewer rounds lost to the ring at 4 and 8 ranks here at every size (docs/algorithms.md)
     "allgather": [(None, "ring")],
-    # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1
-    # and copies half as much in all, and won at 4 and 8 ranks up to 32 MiB (docs/algorithms.md)
+    # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1,
+    # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
     "scatter": [(None, "binomial")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
