@@ -709,7 +709,7 @@ def _plannable(backend: Any, x: Any) -> bool:
     """Whether a call can be recorded as a plan: host arrays, or device arrays on the direct or
     staged path (not IPC: `plannable`), with the (checked) input C-contiguous, since the plan
     reads it in place. That the caller passed arrays, not array-likes, is _caller_arrays' to check."""
-    return (backend is NUMPY or backend.plannable) and (x is None or x.flags.c_contiguous)
+    return backend.plannable and (x is None or x.flags.c_contiguous)
 
 
 def _all_on_one_node(comm: MPI.Intracomm) -> bool:
