@@ -299,9 +299,11 @@ class Communicator(BufferAPI):
 
         call.arrays = (x, out)
 
-        def started() -> None:  # what every call checks, for each start
-            self._usable(call.collective)
-            ring.claim(call.collective)
+        def started() -> None:  # what every call checks, for each start (the checks inline: a hot path)
+            if self._freed or ring.broken is not None:
+                self._usable(call.collective)
+            if ring.owner != get_ident():
+                ring.claim(call.collective)
             ring.calls += 1
             if ring.in_flight:
                 self._check_aliasing(call.collective, x, out)

@@ -417,6 +417,23 @@ static PyObject *program_start(Program *self, PyObject *index_object) {
     return PyLong_FromLong(code);
 }
 
+/* begin(): a run from the very beginning that Python will wait for (a persistent request's
+   start): the prologue, then exchange 0 started; the MPI error code, 0 if none. */
+static PyObject *program_begin(Program *self, PyObject *unused) {
+    if (self->exchanges == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this program was released");
+        return NULL;
+    }
+    if (do_work(self->prologue_work, self->nprologue) < 0)
+        return NULL;
+    if (self->length == 0)
+        return PyLong_FromLong(0);
+    Exchange *e = &self->exchanges[0];
+    int code = start_exchange(e, self->comm);
+    mirror(e, 1);
+    return PyLong_FromLong(code);
+}
+
 static PyObject *program_release(Program *self, PyObject *unused) {
     program_clear(self);
     Py_RETURN_NONE;
@@ -426,6 +443,7 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
     {"start", (PyCFunction)program_start, METH_O, "start(index): start one exchange; the MPI error code"},
+    {"begin", (PyCFunction)program_begin, METH_NOARGS, "begin(): the prologue, then exchange 0 started; the MPI error code"},
     {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles (the plan freed its requests)"},
     {NULL, NULL, 0, NULL},
 };

@@ -329,6 +329,8 @@ class PersistentRequest:
         self._freed = False
         self._error: BaseException | None = None  # what the last run raised: it gives nothing else
         self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
+        timeout = call.timeout  # how long the C replay spins before Python's poll takes over
+        self._spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
 
     @property
     def arrays(self) -> tuple:
@@ -337,12 +339,8 @@ class PersistentRequest:
 
     def start(self) -> None:
         """Begin a run (the previous one must have completed)."""
-        collective = self._call.collective
-        if self._freed:
-            raise RuntimeError(f"this persistent {collective} request was freed")
-        if self._running:
-            raise RuntimeError(f"this persistent {collective} request is still running: "
-                               "wait() for it before starting it again")
+        if self._freed or self._running:
+            self._refuse_start()
         self._started()
         ring, call, plan = self._ring, self._call, self._plan
         if ring.in_flight:  # only then is there anything to do (small calls are paid in Python time)
@@ -364,16 +362,33 @@ class PersistentRequest:
         traffic.bytes_sent += once.bytes_sent
         traffic.bytes_received += once.bytes_received
         traffic.messages += once.messages
-        for work in plan.prologue:
-            work()
         self._position = 0
-        if ring.in_flight:
-            progress_others(ring)  # requests tested once and dropped finish as later calls come
+        try:
+            if plan.compiled is not None and not ring.in_flight:  # the lean path: one call into C
+                code = plan.compiled.begin()
+                if code:
+                    raise MPI.Exception(code)
+            else:
+                for work in plan.prologue:
+                    work()
+                if ring.in_flight:
+                    progress_others(ring)  # requests tested once and dropped finish as later calls come
+                if plan.exchanges:
+                    plan.exchanges[0][0].start()
+        except BaseException as error:
+            self._running, self._error = False, error
+            raise
         if plan.exchanges:
-            plan.exchanges[0][0].start()
             ring.in_flight.append(self)
         else:
             self._running = False
+
+    def _refuse_start(self) -> None:
+        collective = self._call.collective
+        if self._freed:
+            raise RuntimeError(f"this persistent {collective} request was freed")
+        raise RuntimeError(f"this persistent {collective} request is still running: "
+                           "wait() for it before starting it again")
 
     def progress(self) -> bool:
         """Advance as far as possible without blocking (waiting.wait_step calls it for requests in
@@ -413,13 +428,19 @@ class PersistentRequest:
         if self._running:
             if ring.owner != get_ident():
                 ring.claim(call.collective)  # breaks the ring: waited for from a second thread
-            exchanges = self._plan.exchanges
+            plan = self._plan
+            exchanges = plan.exchanges
             try:
                 in_flight = ring.in_flight
                 if len(in_flight) == 1 and in_flight[0] is self:  # nothing else to advance: the lean path
                     in_flight.clear()
                     self._running = False
-                    run_exchanges(ring, self._plan, self._position, started=True)
+                    if plan.compiled is None:
+                        run_exchanges(ring, plan, self._position, started=True)
+                    else:  # run_exchanges, inline
+                        stopped = plan.compiled.run(self._position, True, self._spin)
+                        if stopped is not None:
+                            _resume(ring, plan, stopped, self._spin)
                 while self._running:
                     wait_step(ring, exchanges[self._position][0], call, self)
                     self._next()
