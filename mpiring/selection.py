@@ -36,10 +36,19 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     # 8 ranks below a few KiB (docs/algorithms.md)
     "alltoall": [(2 << 10, "bruck"), (None, "pairwise")],
     "alltoallv": [(None, "pairwise")],
-    # recursive doubling's lg p rounds for an isolated small call; in back-to-back calls the
-    # chain pipelines across calls and won at every size (docs/algorithms.md)
+    # recursive doubling's lg p rounds for an isolated small call in a large world (but see
+    # SMALL_WORLDS); in back-to-back calls the chain pipelines across calls
     "scan": [(4 << 10, "recursive_doubling"), (None, "ring")],
     "exscan": [(4 << 10, "recursive_doubling"), (None, "ring")],
+}
+
+# collective -> (most ranks, algorithm): in a world this small, this algorithm at every size,
+# before SWITCH_POINTS. The scans' chain won every size at 4 and 8 ranks, back-to-back (rank 0
+# returns at once and consecutive calls pipeline down the chain) and isolated calls alike
+# (docs/algorithms.md); its p-1 hops against recursive doubling's lg p rounds are unmeasured beyond.
+SMALL_WORLDS: dict[str, tuple[int, str]] = {
+    "scan": (8, "ring"),
+    "exscan": (8, "ring"),
 }
 
 _announced: set[tuple[str, str]] = set()
@@ -53,6 +62,9 @@ def read_environment() -> None:
 
 
 def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
+    most_ranks, algorithm = SMALL_WORLDS.get(collective, (0, ""))
+    if world_size <= most_ranks:
+        return algorithm, f"auto: {world_size} ranks <= {most_ranks}, any size"
     for bound, algorithm in SWITCH_POINTS[collective]:
         if bound is None:
             return algorithm, f"auto: the default for {nbytes} B at {world_size} ranks"

@@ -6,7 +6,7 @@ import pytest
 
 from mpiring import ArgumentError
 from mpiring.algorithms import ALGORITHMS
-from mpiring.selection import SWITCH_POINTS, choose, read_environment
+from mpiring.selection import SMALL_WORLDS, SWITCH_POINTS, choose, read_environment
 from mpiring.validation import check_algorithm
 
 
@@ -25,6 +25,15 @@ def test_auto_picks_by_size():
     assert choose("allreduce", "auto", small, 4) == large
     assert choose("allreduce", "auto", 1 << 30, 4) == "ring"
     assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
+
+
+def test_small_worlds_come_first():
+    for collective, (most_ranks, algorithm) in SMALL_WORLDS.items():
+        assert algorithm in ALGORITHMS[collective]
+        assert choose(collective, "auto", 8, most_ranks) == algorithm
+        assert choose(collective, "auto", 8, most_ranks + 1) == SWITCH_POINTS[collective][0][1]
+    assert choose("scan", "auto", 8, 16) == "recursive_doubling"
+    assert choose("scan", "auto", 1 << 20, 16) == "ring"
 
 
 @pytest.fixture(autouse=True)
