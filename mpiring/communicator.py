@@ -9,6 +9,7 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from functools import partial
 from threading import get_ident
@@ -34,7 +35,7 @@ from mpiring.errors import (
     ConcurrentUseError,
     MpiringError,
 )
-from mpiring.launch import check_world_size
+from mpiring.launch import check_world_size, local_ranks
 from mpiring.ops import SUM
 from mpiring.ring import IN_FLIGHT_BYTES, Ring
 from mpiring.selection import read_environment
@@ -112,7 +113,9 @@ class Communicator(BufferAPI):
         self._ring.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
                                       or IN_FLIGHT_BYTES)
-        self._ring.node_local = _all_on_one_node(self._ring.comm)
+        self._ring.node_local, cores_for_all = _node_facts(self._ring.comm)
+        busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
+        self._ring.busy_poll = cores_for_all if busy_poll is None else busy_poll
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
         self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
         self._check = consistency.make_checker(self._ring, check, self.timeout)
@@ -714,15 +717,25 @@ def _plannable(backend: Any, x: Any) -> bool:
     return backend.plannable and (x is None or x.flags.c_contiguous)
 
 
-def _all_on_one_node(comm: MPI.Intracomm) -> bool:
-    """Collective: whether every rank of `comm` shares one node (and so may use CUDA IPC)."""
+def _node_facts(comm: MPI.Intracomm) -> tuple[bool, bool]:
+    """Collective: whether every rank of `comm` shares one node (and so may use CUDA IPC), and
+    whether this node has a core for each of its ranks: the CPUs its ranks of `comm` may run on,
+    together, at least as many as the ranks on the node (the launcher's count, where it gives one).
+    A communicator of one rank never waits for a message: it asks nothing (and uses no context id)."""
     if comm.Get_size() == 1:
-        return True
+        return True, False
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return shared.Get_size() == comm.Get_size()
+        cpus = set().union(*shared.allgather(_allowed_cpus()))
+        return shared.Get_size() == comm.Get_size(), len(cpus) >= max(shared.Get_size(), local_ranks())
     finally:
         shared.Free()
+
+
+def _allowed_cpus() -> set[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
 
 
 def _last_line(text: str) -> str:

@@ -13,6 +13,8 @@
     MPIRING_COMPILED           yes/no            a plan is built              0: replay it in Python, not in C
     MPIRING_PERSISTENT_SENDS   yes/no            a Communicator is made       plans send by persistent requests
                                                                                (default: yes, except under Open MPI)
+    MPIRING_BUSY_POLL          yes/no            a Communicator is made       waits test without offering the core
+                                                                               (default: a core per rank on the node)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

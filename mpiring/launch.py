@@ -126,12 +126,18 @@ def share_cores_among_local_ranks(environ: dict[str, str] | None = None, cores: 
     `import mpiring` calls it first thing.
     """
     env = os.environ if environ is None else environ
-    local = next((int(env[name]) for name in _LOCAL_SIZE_VARIABLES if env.get(name, "").isdigit()), 0)
+    local = local_ranks(env)
     if local < 1:
         return
     share = str(max(1, (cores or os.cpu_count() or 1) // local))
     for name in _THREAD_VARIABLES:
         env.setdefault(name, share)
+
+
+def local_ranks(environ: dict[str, str] | None = None) -> int:
+    """How many ranks the launcher put on this node, as it tells them (0: it does not say)."""
+    env = os.environ if environ is None else environ
+    return next((int(env[name]) for name in _LOCAL_SIZE_VARIABLES if env.get(name, "").isdigit()), 0)
 
 
 def launcher_rank() -> int:

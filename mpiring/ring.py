@@ -80,6 +80,9 @@ class Ring:
         self.abandoned: list[Any] = []
         # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
+        # the node has a core for each of its ranks: waits spin without offering the core (the
+        # Communicator finds out; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
+        self.busy_poll = False
         self.calls = 0  # collective calls made so far; each took a tag
         self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (the Communicator sets it)
         # nonblocking collectives not yet done: every wait advances them all (waiting.wait_step)

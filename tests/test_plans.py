@@ -543,6 +543,38 @@ def test_a_replay_waits_past_the_compiled_spin_for_a_late_rank(replay_comm):
     request.free()
 
 
+@pytest.mark.parametrize("busy", [True, False], ids=["busy poll", "offer the core"])
+def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy):
+    """MPIRING_BUSY_POLL (else: whether the node has a core per rank) decides whether waits
+    offer the core between tests; C and Python replays take it, and a late rank is waited for."""
+    monkeypatch.setenv("MPIRING_BUSY_POLL", "1" if busy else "0")
+    with mpiring.Communicator() as comm:
+        assert comm._ring.busy_poll is busy
+        x, out = np.full(3, float(RANK + 1)), np.empty(3)
+        request = comm.allreduce_init(x, out=out)
+        for late in range(2):
+            if RANK == late % N:
+                time.sleep(2 * YIELD_SECONDS)
+            assert_same(comm.allreduce(x, out=out), np.full(3, float(N * (N + 1) // 2)), f"planned, late {late}")
+            request.start()
+            assert_same(request.wait(), np.full(3, float(N * (N + 1) // 2)), f"persistent, late {late}")
+        plan = comm.plan_of("allreduce", x, out)
+        if plan.compiled is not None:
+            assert plan.compiled.busy is busy
+        request.free()
+
+
+def test_a_node_short_of_cores_offers_them(monkeypatch):
+    """Without MPIRING_BUSY_POLL, waits spin only where the CPUs the node's ranks may use,
+    together, are at least as many as the ranks."""
+    from mpiring import communicator
+    monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
+    for cpus, busy in (({1000 + RANK}, True), ({0}, N == 1)):  # a CPU each; one CPU for all
+        monkeypatch.setattr(communicator, "_allowed_cpus", lambda cpus=cpus: cpus)
+        with mpiring.Communicator() as comm:
+            assert comm._ring.busy_poll is (busy and N > 1), cpus
+
+
 @pytest.mark.skipif(not compiled.available(), reason="the C replay was not built (test_package says when it must be)")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "rabenseifner"])

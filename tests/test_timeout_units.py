@@ -51,9 +51,10 @@ def _step(*requests: _Request) -> Step:
     return step
 
 
-def _poll(step: Step, timeout: float) -> None:
-    ring = object.__new__(Ring)  # poll uses no other state of the ring than its tags
+def _poll(step: Step, timeout: float, busy_poll: bool = False) -> None:
+    ring = object.__new__(Ring)  # poll uses no other state of the ring than its tags and busy_poll
     ring.tags = Tags(None)
+    ring.busy_poll = busy_poll
     waiting_module.poll(ring, step, None, Call("allreduce", "ring", 1, timeout))  # a sequence tag: nothing to look for
 
 
@@ -80,6 +81,17 @@ def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):
         _poll(_step(_Request(finishes_at=None)), timeout=0.05)
     assert yields and pauses[:4] == pytest.approx([1e-5, 2e-5, 4e-5, 8e-5])
     assert max(pauses) <= 1e-3
+
+
+def test_a_node_with_a_core_per_rank_polls_without_yielding(fake_mpi, monkeypatch):
+    """Ring.busy_poll: the first 10 ms test again and again, as MPI libraries do on cores of their
+    own; a long wait still sleeps, backing off."""
+    pauses, yields = [], []
+    monkeypatch.setattr(waiting_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(waiting_module, "_yield_core", lambda: yields.append(1))
+    with pytest.raises(CollectiveTimeout):
+        _poll(_step(_Request(finishes_at=None)), timeout=0.05, busy_poll=True)
+    assert not yields and pauses[:2] == pytest.approx([1e-5, 2e-5])
 
 
 def test_a_status_seen_early_survives_the_testall_that_completes_the_step():

@@ -26,6 +26,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
@@ -90,6 +91,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     intptr_t comm;             /* the communicator's handle: the fresh sends go there */
+    char busy;                 /* spin without offering the core (the node has a core per rank) */
     PyObject *prologue;        /* as Python gave it */
     Py_ssize_t nprologue;
     Work *prologue_work;       /* run before a run's first exchange */
@@ -297,9 +299,10 @@ static int exchange_init(Exchange *e, PyObject *spec) {
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs;
     unsigned long long comm;
-    static char *names[] = {"prologue", "exchanges", "comm", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!K", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs,
-                                     &comm))
+    int busy = 0;
+    static char *names[] = {"prologue", "exchanges", "comm", "busy", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!K|p", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs,
+                                     &comm, &busy))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -307,6 +310,7 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     }
     program_clear(self);
     self->comm = (intptr_t)comm;
+    self->busy = (char)busy;
     Py_INCREF(prologue);
     self->prologue = prologue;
     self->prologue_work = work_init(prologue, &self->nprologue);
@@ -336,7 +340,7 @@ static PyObject *stopped(const Exchange *e, Py_ssize_t index, int reason, int co
 
 /* run(first, started, spin): run exchanges first.. to the end (`started`: the first one's requests
    already are; a run from the very beginning, first 0 and not started, calls the prologue first). spin < 0: wait without a timeout (MPI_Waitall); else test for at most `spin` seconds,
-   offering the core between tests, as waiting.poll does. Returns None when every exchange is done,
+   offering the core between tests unless `busy`, as waiting.poll does. Returns None when every exchange is done,
    else (exchange, reason, code): see the head of this file. */
 static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -377,7 +381,8 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
                 Py_BEGIN_ALLOW_THREADS
                 double until = seconds_now() + spin;
                 while (!code && !done && seconds_now() < until) {
-                    sched_yield();
+                    if (!self->busy)
+                        sched_yield();
                     code = mpi.testall(e->count, e->requests, &done, e->statuses);
                 }
                 Py_END_ALLOW_THREADS
@@ -448,17 +453,23 @@ static PyMethodDef program_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef program_members[] = {
+    {"busy", T_BOOL, offsetof(Program, busy), READONLY, "whether a spin tests without offering the core"},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works, fresh), ...), "
-               "comm); work: callables, or (kind, out, a, b, bytes) for copies and float sums",
+               "comm, busy=False); work: callables, or (kind, out, a, b, bytes) for copies and float sums",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,
     .tp_dealloc = (destructor)program_dealloc,
     .tp_methods = program_methods,
+    .tp_members = program_members,
 };
 
 /* bind(startall, testall, waitall, get_count, isend, request_size, status_size, datatype_size, byte_type);

@@ -82,8 +82,9 @@ def _bind() -> bool:
     return _bound
 
 
-def program(prologue: tuple, exchanges: tuple | None) -> Any:
-    """The C form of a plan's prologue and exchanges (plan.fuse), or None where plans replay in Python."""
+def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any:
+    """The C form of a plan's prologue and exchanges (plan.fuse), or None where plans replay in
+    Python; `busy`: its waits test without offering the core in between (Ring.busy_poll)."""
     if exchanges is None or not enabled():
         return None
     size = MPI._sizeof(MPI.Request)
@@ -104,7 +105,7 @@ def program(prologue: tuple, exchanges: tuple | None) -> Any:
         specs.append((handles, status_objects, checks, tuple(map(_work, works)), tuple(fresh)))
     if len(comms) > 1:
         return None
-    return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0)
+    return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0, busy)
 
 
 def start(program: Any, index: int) -> None:

@@ -285,7 +285,8 @@ class MessagesOnly:
         self._messages = [(kind, item) for kind, item in plan.actions if kind != WORK]
         self._compiled = None
         if plan.compiled is not None:  # the same exchanges, without their work
-            self._compiled = compiled.program((), tuple(exchange[:4] + ((),) for exchange in plan.exchanges))
+            self._compiled = compiled.program((), tuple(exchange[:4] + ((),) for exchange in plan.exchanges),
+                                              plan.compiled.busy)
 
     def __call__(self) -> None:
         if self._compiled is not None:

@@ -59,13 +59,14 @@ class Plan:
                  "out", "out_shape", "out_dtype")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
-                 requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend) -> None:
+                 requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend, busy_poll: bool = False) -> None:
         self.call = call
         self.actions = actions
         # the same actions as work before the first message, then exchanges (start a step, wait
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue, self.exchanges = fuse(actions)
-        self.compiled = compiled.program(self.prologue, self.exchanges)  # the exchanges replayed in C, if built
+        # the exchanges replayed in C, if built
+        self.compiled = compiled.program(self.prologue, self.exchanges, busy_poll)
         if self.compiled is not None:  # its steps start in C too: cheaper than mpi4py's Startall of a
             for index, exchange in enumerate(self.exchanges):  # list, and sends made anew keep their handles
                 exchange[0].start = partial(compiled.start, self.compiled, index)
@@ -283,7 +284,8 @@ def build_plan(ring: Ring, backend: NumpyBackend, call: Call, body: Callable[[An
     finally:
         ring.recorder = None
     call.step = 0
-    return Plan(call, recorder.actions, result, recorder.traffic, recorder.requests, recorder.allocated, backend)
+    return Plan(call, recorder.actions, result, recorder.traffic, recorder.requests, recorder.allocated, backend,
+                ring.busy_poll)
 
 
 def _copy_with(backend: NumpyBackend, array: Any) -> Any:

@@ -126,7 +126,8 @@ def make_room(ring: Ring, nbytes: int) -> None:
 
 
 def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call, waited: float = 0.0) -> None:
-    """Wait for a step until `call.timeout`. For the first 10 ms, offer the core to any other
+    """Wait for a step until `call.timeout`. For the first 10 ms, test again and again: where
+    the node has fewer cores than ranks (not Ring.busy_poll), offer the core to any other
     runnable process between tests (a no-op when none waits, so a small message is caught
     as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
     that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU, and look
@@ -142,7 +143,8 @@ def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call, 
             _raise_timeout(step, call)
             continue  # all arrived at the deadline: the next Testall completes the step
         if now < yield_until:
-            _yield_core()
+            if not ring.busy_poll:
+                _yield_core()
             continue
         if watch is None:
             watch = _Watch(ring, step, call, now)
