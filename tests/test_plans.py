@@ -525,43 +525,41 @@ def test_a_replay_that_gets_a_wrong_size_raises_naming_the_sender(replay_comm, m
 
 
 @pytest.mark.skipif(N < 2, reason="needs a late rank")
+def _wait_for_late_ranks(comm, rounds: int, pause: float):
+    """Blocking and persistent all-reduces, one rank `pause` seconds late to each in turn; the
+    blocking call's plan."""
+    x, out = np.full(5, float(RANK + 1)), np.empty(5)
+    want = np.full(5, float(N * (N + 1) // 2))
+    request = comm.allreduce_init(x, out=out)
+    for late in range(rounds):
+        if RANK == late % N:
+            time.sleep(pause)
+        assert_same(comm.allreduce(x, out=out), want, f"planned, late {late}")
+        if RANK == late % N:
+            time.sleep(pause)
+        request.start()
+        assert_same(request.wait(), want, f"persistent, late {late}")
+    request.free()
+    return comm.plan_of("allreduce", x, out)
+
+
 def test_a_replay_waits_past_the_compiled_spin_for_a_late_rank(replay_comm):
     """A rank arriving later than the C loop spins (YIELD_SECONDS) hands the wait to Python's
     poll, which finishes the exchange and the rest of the plan, as with a persistent request."""
-    comm = replay_comm
-    x, out = np.full(5, float(RANK + 1)), np.empty(5)
-    request = comm.allreduce_init(x, out=out)
-    for late in range(3):
-        if RANK == late % N:
-            time.sleep(5 * YIELD_SECONDS)
-        assert_same(comm.allreduce(x, out=out), np.full(5, float(N * (N + 1) // 2)), f"planned, late {late}")
-        if RANK == late % N:
-            time.sleep(5 * YIELD_SECONDS)
-        request.start()
-        assert_same(request.wait(), np.full(5, float(N * (N + 1) // 2)), f"persistent, late {late}")
-    _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
-    request.free()
+    _assert_replays_in(replay_comm, _wait_for_late_ranks(replay_comm, 3, 5 * YIELD_SECONDS))
 
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy poll", "offer the core"])
 def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy):
     """MPIRING_BUSY_POLL (else: whether the node has a core per rank) decides whether waits
-    offer the core between tests; C and Python replays take it, and a late rank is waited for."""
+    offer the core between tests; the compiled replay takes it too (Program.busy), and a late
+    rank is waited for either way."""
     monkeypatch.setenv("MPIRING_BUSY_POLL", "1" if busy else "0")
     with mpiring.Communicator() as comm:
         assert comm._ring.busy_poll is busy
-        x, out = np.full(3, float(RANK + 1)), np.empty(3)
-        request = comm.allreduce_init(x, out=out)
-        for late in range(2):
-            if RANK == late % N:
-                time.sleep(2 * YIELD_SECONDS)
-            assert_same(comm.allreduce(x, out=out), np.full(3, float(N * (N + 1) // 2)), f"planned, late {late}")
-            request.start()
-            assert_same(request.wait(), np.full(3, float(N * (N + 1) // 2)), f"persistent, late {late}")
-        plan = comm.plan_of("allreduce", x, out)
+        plan = _wait_for_late_ranks(comm, 2, 2 * YIELD_SECONDS)
         if plan.compiled is not None:
             assert plan.compiled.busy is busy
-        request.free()
 
 
 def test_a_node_short_of_cores_offers_them(monkeypatch):
