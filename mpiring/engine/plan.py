@@ -59,7 +59,7 @@ class Plan:
                  "out", "out_shape", "out_dtype")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
-                 requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend, busy_poll: bool = False) -> None:
+                 requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend, busy_poll: bool) -> None:
         self.call = call
         self.actions = actions
         # the same actions as work before the first message, then exchanges (start a step, wait
