@@ -21,12 +21,13 @@ from mpi4py import MPI
 from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
-from mpiring.engine.executor import CollectiveRequest, PersistentRequest, run_plan, run_to_end
+from mpiring.engine import compiled
+from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_plan, run_plan, run_to_end
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
 from mpiring.engine.scratch import POOL_BYTES
 from mpiring.engine.transport import Call, Steps, Traffic, persistent_sends_suit
-from mpiring.engine.waiting import leave_notice
+from mpiring.engine.waiting import YIELD_SECONDS, leave_notice
 from mpiring.errors import (
     ArgumentError,
     CommunicationError,
@@ -120,6 +121,11 @@ class Communicator(BufferAPI):
         self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
         self._check = consistency.make_checker(self._ring, check, self.timeout)
         self._plans = PlanCache()
+        # what the methods call: a cached call in C where it can be (compiled.shortcut), else in Python
+        self._blocking = self._blocking_in_python
+        if self._check is None:
+            self._blocking = compiled.shortcut(self._plans.table, self._ring, self, Plan, NUMPY,
+                                               self._blocking_in_python, self._after_shortcut, YIELD_SECONDS)
 
     @property
     def rank(self) -> int:
@@ -172,9 +178,11 @@ class Communicator(BufferAPI):
     #
     # A blocking call first looks for a plan of its call shape (the collective, the identity of
     # its arrays, op, root and algorithm). Found, the call runs it: a few checks, the starts and
-    # waits, and the arithmetic. Not found, a builder checks the arguments and makes the call's
-    # generator of steps; a host call whose layout every rank knows alone is recorded as a plan,
-    # kept and run, any other call runs its generator. Nonblocking calls run their generator.
+    # waits, and the arithmetic (in the common case, a compiled host plan, all in C:
+    # compiled.shortcut, which hands any other call to _blocking_in_python). Not found, a builder
+    # checks the arguments and makes the call's generator of steps; a host call whose layout
+    # every rank knows alone is recorded as a plan, kept and run, any other call runs its
+    # generator. Nonblocking calls run their generator.
 
     def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
               root: Any = None) -> Call:
@@ -229,8 +237,8 @@ class Communicator(BufferAPI):
                     raise ArgumentError(collective, name, f"shares memory with the {what} of a nonblocking "
                                         "collective still in flight: wait() for it first (the ranks would disagree)")
 
-    def _blocking(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any, algorithm: Any,
-                  timeout: Any) -> Any:
+    def _blocking_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
+                            algorithm: Any, timeout: Any) -> Any:
         ring = self._ring
         plans = self._plans.table
         try:
@@ -267,10 +275,25 @@ class Communicator(BufferAPI):
                 self._plans.add(key, Sighting(x, out), ring.calls)
             return run_to_end(ring, built.body(built.backend), call)
         except BaseException as error:
-            if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
-                leave_notice(ring)
-            self._failed()
+            self._blocking_failed(error)
             raise
+
+    def _after_shortcut(self, plan: Plan, stopped: tuple[int, int, int] | None, spin: float,
+                        error: BaseException | None) -> Any:
+        """Python takes over a cached call the C shortcut ran: it stopped waiting after `spin`
+        seconds, or saw a wrong size or an MPI error (`stopped`), or recorded work raised `error`."""
+        try:
+            if error is not None:
+                raise error
+            return resume_plan(self._ring, plan, self.timeout, stopped, spin)
+        except BaseException as failure:
+            self._blocking_failed(failure)
+            raise
+
+    def _blocking_failed(self, error: BaseException) -> None:
+        if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
+            leave_notice(self._ring)
+        self._failed()
 
     def _failed(self) -> None:
         """A call raised here: later blocking calls take new tags (Ring.blocking_tag), so

@@ -62,7 +62,7 @@ class Ring:
         self.size = comm.Get_size()
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
-        self.traffic = Traffic()
+        self.traffic = Traffic()  # reset, never replaced: compiled.shortcut holds it (as in_flight)
         # MPI attaches MPI_TAG_UB to COMM_WORLD; Open MPI's split communicators do not carry it
         tag_ub = comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.tags = Tags(int(tag_ub) if tag_ub else None)

@@ -15,6 +15,8 @@ the mean over ranks:
   timeout, and as a persistent request;
 - a replay of the plan without the call around it (`run_plan`), so the difference to the full
   call is the cache lookup and per-call checks;
+- the planned call with its cache hit taken in Python rather than by the C shortcut
+  (compiled.shortcut), where the C replay was built;
 - the planned call with its plan replayed in Python (MPIRING_COMPILED=0) rather than in C
   (mpiring.engine.compiled), where the C replay was built.
 """
@@ -69,6 +71,9 @@ def main() -> None:
     del os.environ["MPIRING_COMPILED"]
     unlimited = mpiring.Communicator(timeout=math.inf)
     unlimited.allreduce(x, out=y)
+    hit_in_python = mpiring.Communicator()
+    hit_in_python._blocking = hit_in_python._blocking_in_python
+    hit_in_python.allreduce(x, out=y)
 
     def start_and_wait() -> None:
         persistent.start()
@@ -80,6 +85,7 @@ def main() -> None:
         "mpiring `comm.allreduce(x, out=y)`, planned": lambda: comm.allreduce(x, out=y),
         "the same on a `Communicator(timeout=math.inf)` (no timeout)": lambda: unlimited.allreduce(x, out=y),
         "persistent: `req.start(); req.wait()`": start_and_wait,
+        "the planned call, its cache hit in Python (no C shortcut)": lambda: hit_in_python.allreduce(x, out=y),
         "the planned call replayed in Python (`MPIRING_COMPILED=0`)": lambda: in_python.allreduce(x, out=y),
     }
     comm.allreduce(x, out=y)
@@ -92,10 +98,12 @@ def main() -> None:
         request.Free()
     persistent.free()
     in_python.free()
+    hit_in_python.free()
     if world.rank:
         return
     native = us["native `Allreduce`"]
-    lines = [f"{args.bytes}-byte float32 all-reduce, 2 ranks, MPICH {MPI.Get_library_version().split()[2]}, "
+    library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
+    lines = [f"{args.bytes}-byte float32 all-reduce, 2 ranks, {library}, "
              f"{timing.describe(args.calls, args.rounds, WARMUP)}:", "",
              "| variant | us per call | x native |", "| --- | --- | --- |"]
     for name, value in us.items():

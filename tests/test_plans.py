@@ -422,6 +422,36 @@ def test_traffic_of_a_replay_equals_that_of_the_unplanned_call(comm):
     assert counted[0] == counted[1] == counted[2]
 
 
+@pytest.mark.skipif(not compiled.enabled(), reason="the C replay was not built or is off")
+def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
+    """Once planned, a compiled host call never reaches Python (compiled.shortcut), and counts
+    its sequence number and traffic as a call in Python does."""
+    in_python = []
+    original = mpiring.Communicator._blocking_in_python
+
+    def counted(self, collective, *args):
+        in_python.append(collective)
+        return original(self, collective, *args)
+
+    monkeypatch.setattr(mpiring.Communicator, "_blocking_in_python", counted)
+    x, out = rank_input(3, RANK, (5,), np.float64), np.empty(5)
+    want = numpy_reduce("sum", all_inputs(3, N, (5,), np.float64))
+    with mpiring.Communicator() as shortcut:
+        calls = shortcut._ring.calls
+        for n in range(4):
+            assert_same(shortcut.allreduce(x, out=out, algorithm="ring"), want, f"call {n}")
+            shortcut.barrier()
+        assert shortcut._ring.calls == calls + 8  # every call took its sequence number
+        traffic = shortcut.traffic.bytes_sent, shortcut.traffic.messages
+    assert in_python == ["allreduce", "barrier"] * 2  # seen once, then planned; then all in C
+    with mpiring.Communicator() as plain:  # the same calls, each in Python
+        plain._blocking = plain._blocking_in_python
+        for _ in range(4):
+            plain.allreduce(x, out=out, algorithm="ring")
+            plain.barrier()
+        assert (plain.traffic.bytes_sent, plain.traffic.messages) == traffic
+
+
 def test_a_second_thread_is_refused_on_a_planned_call():
     comm = mpiring.Communicator()
     x, out = np.ones(3), np.empty(3)

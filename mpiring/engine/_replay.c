@@ -342,16 +342,7 @@ static PyObject *stopped(const Exchange *e, Py_ssize_t index, int reason, int co
    already are; a run from the very beginning, first 0 and not started, calls the prologue first). spin < 0: wait without a timeout (MPI_Waitall); else test for at most `spin` seconds,
    offering the core between tests unless `busy`, as waiting.poll does. Returns None when every exchange is done,
    else (exchange, reason, code): see the head of this file. */
-static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "run(first, started, spin)");
-        return NULL;
-    }
-    Py_ssize_t first = PyLong_AsSsize_t(args[0]);
-    int started = PyObject_IsTrue(args[1]);
-    double spin = PyFloat_AsDouble(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
+static PyObject *run_from(Program *self, Py_ssize_t first, int started, double spin) {
     if (self->exchanges == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "this program was released");
         return NULL;
@@ -405,6 +396,19 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
             return NULL;
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(first, started, spin)");
+        return NULL;
+    }
+    Py_ssize_t first = PyLong_AsSsize_t(args[0]);
+    int started = PyObject_IsTrue(args[1]);
+    double spin = PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    return run_from(self, first, started, spin);
 }
 
 /* start(index): start exchange `index` (for Python, which then waits for it); the MPI error code, 0 if none. */
@@ -472,6 +476,291 @@ static PyTypeObject ProgramType = {
     .tp_members = program_members,
 };
 
+/*
+ * A blocking call whose plan is cached, taken without running Python (communicator.py, `_blocking`).
+ *
+ *   comm.allreduce(x, out=y) ─► Shortcut(collective, x, out, op, root, counts, algorithm, timeout)
+ *       a compiled host plan under the call's key, the same arrays' shapes and dtypes, the
+ *       owner thread, nothing in flight, no per-call timeout (and no MPIRING_CHECK: not made then)
+ *           yes ─► the call count and traffic, as Python counts them ─► run ─► the plan's result
+ *                      └── stopped or raised ─► after(plan, stopped, spin, error): Python carries on
+ *           no  ─► in_python(the same arguments): the whole call, as if this were not here
+ *
+ * It makes the decisions the Python hit path makes, on the same objects, and changes nothing
+ * before it has decided: any doubt (an error while looking) is a miss, and Python decides again.
+ * A generic attribute lookup costs about as much as the Python it would replace, so the plan's
+ * and the traffic counters' fields (__slots__) are read and written at offsets found once, when
+ * the shortcut is made; the ring's in-flight list and traffic are objects it is never given anew.
+ */
+enum { P_COMPILED, P_BACKEND, P_X_SHAPE, P_X_DTYPE, P_OUT_SHAPE, P_OUT_DTYPE, P_USED, P_TRAFFIC, P_RESULT,
+       P_COPY_RESULT, PLAN_FIELDS };
+static const char *plan_fields[PLAN_FIELDS] = {"compiled", "backend", "x_shape", "x_dtype", "out_shape",
+                                               "out_dtype", "used", "traffic", "result", "copy_result"};
+static const char *traffic_fields[3] = {"bytes_sent", "bytes_received", "messages"};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *table;        /* the communicator's plans by key (PlanCache.table) */
+    PyObject *ring;         /* its Ring: owner and calls */
+    PyObject *in_flight;    /* ring.in_flight */
+    PyObject *traffic;      /* ring.traffic */
+    PyObject *communicator; /* its timeout */
+    PyObject *plan_type;    /* Plan: a Sighting is a miss */
+    PyObject *host;         /* the NumPy backend: a device plan is a miss */
+    PyObject *in_python;    /* the call in Python */
+    PyObject *after;        /* where Python takes over a run that stopped or raised */
+    double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
+    Py_ssize_t plan_at[PLAN_FIELDS], traffic_at[3]; /* the fields' offsets in a Plan and a Traffic */
+} Shortcut;
+
+static PyObject *s_owner, *s_shape, *s_dtype, *s_timeout, *s_calls, *one;
+
+/* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
+static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
+    PyObject *descriptor = PyObject_GetAttrString((PyObject *)type, name);
+    Py_ssize_t offset = -1;
+    if (descriptor != NULL && Py_TYPE(descriptor) == &PyMemberDescr_Type &&
+        ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX)
+        offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
+    else if (descriptor != NULL)
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", type->tp_name, name);
+    Py_XDECREF(descriptor);
+    return offset;
+}
+
+#define FIELD(object, offset) (*(PyObject **)((char *)(object) + (offset))) /* borrowed; NULL if unset */
+
+static void set_field(PyObject *object, Py_ssize_t offset, PyObject *value) {
+    Py_XSETREF(FIELD(object, offset), Py_NewRef(value));
+}
+
+/* 1: `array` (None or an array) has the plan's shape and dtype for it; 0: not, or not readable. */
+static int matches(PyObject *array, PyObject *want_shape, PyObject *want_dtype) {
+    if (array == Py_None)
+        return 1;
+    if (want_shape == NULL || want_dtype == NULL)
+        return 0;
+    PyObject *shape = PyObject_GetAttr(array, s_shape), *dtype = PyObject_GetAttr(array, s_dtype);
+    int same = shape && dtype && dtype == want_dtype && PyObject_RichCompareBool(shape, want_shape, Py_EQ) == 1;
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    return same;
+}
+
+/* The plan this call may run (borrowed: the table holds it), its program and its spin; NULL: a miss. */
+static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, double *spin) {
+    PyObject *x = args[1], *out = args[2];
+    if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight))  /* Python checks a per-call timeout */
+        return NULL;
+    PyObject *key = PyTuple_New(7), *plan = NULL;
+    if (key == NULL)
+        return NULL;
+    PyObject *parts[7] = {args[0], PyLong_FromVoidPtr(x), PyLong_FromVoidPtr(out), args[3], args[4], args[5], args[6]};
+    for (int i = 0; i < 7; i++) {
+        if (i != 1 && i != 2)
+            Py_INCREF(parts[i]);
+        PyTuple_SET_ITEM(key, i, parts[i]);
+    }
+    if (parts[1] != NULL && parts[2] != NULL)
+        plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
+    Py_DECREF(key);
+    if (plan == NULL || Py_TYPE(plan) != (PyTypeObject *)self->plan_type)
+        return NULL;
+    const Py_ssize_t *at = self->plan_at;
+    PyObject *compiled = FIELD(plan, at[P_COMPILED]);
+    if (compiled == NULL || Py_TYPE(compiled) != &ProgramType || ((Program *)compiled)->exchanges == NULL ||
+        FIELD(plan, at[P_BACKEND]) != self->host)
+        return NULL;
+    if (!matches(x, FIELD(plan, at[P_X_SHAPE]), FIELD(plan, at[P_X_DTYPE])) ||
+        !matches(out, FIELD(plan, at[P_OUT_SHAPE]), FIELD(plan, at[P_OUT_DTYPE])))
+        return NULL;
+    PyObject *owner = PyObject_GetAttr(self->ring, s_owner);
+    int mine = owner != NULL && PyLong_Check(owner) && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
+    Py_XDECREF(owner);
+    PyObject *timeout = mine ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
+    if (timeout == NULL)
+        return NULL;
+    *spin = -1.0;
+    if (timeout != Py_None) {
+        double seconds = PyFloat_AsDouble(timeout);
+        *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
+    }
+    Py_DECREF(timeout);
+    if (PyErr_Occurred())
+        return NULL;
+    *program = (Program *)compiled;
+    return plan;
+}
+
+/* ring.calls = plan.used = ring.calls + 1, and ring.traffic += plan.traffic, as the Python hit path does. */
+static int count_call(Shortcut *self, PyObject *plan) {
+    PyObject *once = FIELD(plan, self->plan_at[P_TRAFFIC]);
+    if (once == NULL || Py_TYPE(once) != Py_TYPE(self->traffic)) {
+        PyErr_SetString(PyExc_TypeError, "a plan's traffic is not a Traffic");
+        return -1;
+    }
+    PyObject *calls = PyObject_GetAttr(self->ring, s_calls), *now = NULL;
+    if (calls != NULL) {
+        now = PyNumber_Add(calls, one);
+        Py_DECREF(calls);
+    }
+    if (now == NULL || PyObject_SetAttr(self->ring, s_calls, now) < 0) {
+        Py_XDECREF(now);
+        return -1;
+    }
+    set_field(plan, self->plan_at[P_USED], now);
+    Py_DECREF(now);
+    for (int i = 0; i < 3; i++) {
+        PyObject *total = FIELD(self->traffic, self->traffic_at[i]), *amount = FIELD(once, self->traffic_at[i]);
+        PyObject *sum = total && amount ? PyNumber_Add(total, amount) : NULL;
+        if (sum == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "a Traffic field is unset");
+            return -1;
+        }
+        set_field(self->traffic, self->traffic_at[i], sum);
+        Py_DECREF(sum);
+    }
+    return 0;
+}
+
+static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    double spin = -1.0;
+    Program *program = NULL;
+    PyObject *plan = NULL, *result = NULL;
+    if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
+        plan = hit(self, args, &program, &spin);
+        PyErr_Clear();
+    }
+    if (plan == NULL)
+        return PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
+    Py_INCREF(plan);
+    Py_INCREF(program);  /* a work callable could drop both from the table */
+    PyObject *stopped = count_call(self, plan) == 0 ? run_from(program, 0, 0, spin) : NULL;
+    if (stopped == Py_None) {
+        PyObject *value = FIELD(plan, self->plan_at[P_RESULT]), *copy = FIELD(plan, self->plan_at[P_COPY_RESULT]);
+        if (value == NULL || copy == NULL)
+            PyErr_SetString(PyExc_AttributeError, "a plan's result is unset");
+        else
+            result = copy == Py_None ? Py_NewRef(value) : PyObject_CallOneArg(copy, value);
+    } else {
+        PyObject *type, *error = NULL, *traceback;
+        if (stopped == NULL) {  /* recorded work raised: Python raises it as its own call would */
+            PyErr_Fetch(&type, &error, &traceback);
+            PyErr_NormalizeException(&type, &error, &traceback);
+            if (traceback != NULL)
+                PyException_SetTraceback(error, traceback);
+            Py_XDECREF(type);
+            Py_XDECREF(traceback);
+        }
+        PyObject *spin_object = PyFloat_FromDouble(spin);
+        if (spin_object != NULL)
+            result = PyObject_CallFunctionObjArgs(self->after, plan, stopped ? stopped : Py_None, spin_object,
+                                                  error ? error : Py_None, NULL);
+        Py_XDECREF(spin_object);
+        Py_XDECREF(error);
+    }
+    Py_XDECREF(stopped);
+    Py_DECREF(program);
+    Py_DECREF(plan);
+    return result;
+}
+
+static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
+    PyObject *table, *ring, *communicator, *plan_type, *host, *in_python, *after;
+    double yield_seconds;
+    static char *names[] = {"table", "ring", "communicator", "plan_type", "host", "in_python", "after",
+                            "yield_seconds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOOd", names, &PyDict_Type, &table, &ring, &communicator,
+                                     &PyType_Type, &plan_type, &host, &in_python, &after, &yield_seconds))
+        return -1;
+    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
+    PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
+    if (traffic == NULL || !PyList_CheckExact(in_flight)) {
+        if (traffic != NULL)
+            PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
+        Py_XDECREF(in_flight);
+        Py_XDECREF(traffic);
+        return -1;
+    }
+    for (int i = 0; i < PLAN_FIELDS; i++)
+        if ((self->plan_at[i] = slot_offset((PyTypeObject *)plan_type, plan_fields[i])) < 0)
+            goto fail;
+    for (int i = 0; i < 3; i++)
+        if ((self->traffic_at[i] = slot_offset(Py_TYPE(traffic), traffic_fields[i])) < 0)
+            goto fail;
+    PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
+                          &self->plan_type, &self->host, &self->in_python, &self->after};
+    PyObject *given[] = {table, ring, in_flight, traffic, communicator, plan_type, host, in_python, after};
+    for (int i = 0; i < 9; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+    Py_DECREF(in_flight);
+    Py_DECREF(traffic);
+    self->yield_seconds = yield_seconds;
+    return 0;
+fail:
+    Py_DECREF(in_flight);
+    Py_DECREF(traffic);
+    return -1;
+}
+
+static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
+    Py_VISIT(self->table);
+    Py_VISIT(self->ring);
+    Py_VISIT(self->in_flight);
+    Py_VISIT(self->traffic);
+    Py_VISIT(self->communicator);
+    Py_VISIT(self->plan_type);
+    Py_VISIT(self->host);
+    Py_VISIT(self->in_python);
+    Py_VISIT(self->after);
+    return 0;
+}
+
+static int shortcut_clear(Shortcut *self) {
+    Py_CLEAR(self->table);
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->in_flight);
+    Py_CLEAR(self->traffic);
+    Py_CLEAR(self->communicator);
+    Py_CLEAR(self->plan_type);
+    Py_CLEAR(self->host);
+    Py_CLEAR(self->in_python);
+    Py_CLEAR(self->after);
+    return 0;
+}
+
+static void shortcut_dealloc(Shortcut *self) {
+    PyObject_GC_UnTrack(self);
+    shortcut_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *shortcut_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Shortcut *self = (Shortcut *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->vectorcall = (vectorcallfunc)shortcut_call;
+    return (PyObject *)self;
+}
+
+static PyTypeObject ShortcutType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.Shortcut",
+    .tp_basicsize = sizeof(Shortcut),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Shortcut(table, ring, communicator, plan_type, host, in_python, after, yield_seconds): a blocking "
+              "call's cache hit run in C; called as in_python(collective, x, out, op, root, counts, algorithm, "
+              "timeout) is",
+    .tp_new = shortcut_new,
+    .tp_init = (initproc)shortcut_init,
+    .tp_dealloc = (destructor)shortcut_dealloc,
+    .tp_traverse = (traverseproc)shortcut_traverse,
+    .tp_clear = (inquiry)shortcut_clear,
+    .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
 /* bind(startall, testall, waitall, get_count, isend, request_size, status_size, datatype_size, byte_type);
    a communicator's handle has the datatype's size (compiled.py checks). */
 static PyObject *bind(PyObject *module, PyObject *args) {
@@ -509,15 +798,23 @@ static struct PyModuleDef module = {
     module_methods,
 };
 
+static int intern_names(void) {
+    return (s_owner = PyUnicode_InternFromString("owner")) && (s_shape = PyUnicode_InternFromString("shape")) &&
+                   (s_dtype = PyUnicode_InternFromString("dtype")) &&
+                   (s_timeout = PyUnicode_InternFromString("timeout")) && (s_calls = PyUnicode_InternFromString("calls")) &&
+                   (one = PyLong_FromLong(1))
+               ? 0
+               : -1;
+}
+
 PyMODINIT_FUNC PyInit__replay(void) {
-    if (PyType_Ready(&ProgramType) < 0)
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ShortcutType) < 0 || intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&ProgramType);
-    if (PyModule_AddObject(m, "Program", (PyObject *)&ProgramType) < 0) {
-        Py_DECREF(&ProgramType);
+    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
+        PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

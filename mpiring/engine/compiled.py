@@ -5,6 +5,8 @@ was built at install time (it needs a C compiler and Python's headers, no MPI he
                                                                           └──► (exchange, why, code): Python
                                                                                carries on from there
     a step started on its own (Plan) ──► Program.start(index)
+    a blocking call with a cached plan ──► Shortcut: the Python hit path's checks and counts, then the
+                                           same run, without entering Python (`shortcut`, below)
 
 It changes where the loop runs, not what it does: the same persistent requests (and the same
 sends made anew each run, where Ring.persistent_sends is off), waited for in the same order,
@@ -106,6 +108,16 @@ def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any
     if len(comms) > 1:
         return None
     return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0, busy)
+
+
+def shortcut(table: dict, ring: Any, communicator: Any, plan_type: type, host: Any, in_python: Any,
+             after: Any, yield_seconds: float) -> Any:
+    """A blocking call that takes a cached compiled plan without running Python (`Shortcut` in
+    _replay.c), and otherwise calls `in_python` with the same arguments; `in_python` itself where
+    the extension was not built or cannot reach the MPI library."""
+    if not available():
+        return in_python
+    return _replay.Shortcut(table, ring, communicator, plan_type, host, in_python, after, yield_seconds)
 
 
 def start(program: Any, index: int) -> None:

@@ -180,7 +180,7 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
     traffic.bytes_sent += once.bytes_sent
     traffic.bytes_received += once.bytes_received
     traffic.messages += once.messages
-    program = plan.compiled
+    program, stopped = plan.compiled, None
     try:
         if ring.in_flight or plan.exchanges is None:
             call.step = 0
@@ -196,10 +196,23 @@ def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
         else:
             spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
             stopped = program.run(0, False, spin)
-            if stopped is not None:
-                _resume(ring, plan, stopped, spin)
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
+        raise
+    if stopped is not None:
+        return resume_plan(ring, plan, timeout, stopped, spin)
+    return plan.result if plan.copy_result is None else plan.copy_result(plan.result)
+
+
+def resume_plan(ring: Ring, plan: Plan, timeout: float | None, stopped: tuple[int, int, int], spin: float) -> Any:
+    """Finish a run of `plan` the C replay handed back (`stopped`, after `spin` seconds of
+    waiting there), as run_plan would have: by run_plan, or by the C shortcut of a cached call
+    (compiled.shortcut), which does not set the call's timeout itself."""
+    plan.call.timeout = timeout
+    try:
+        _resume(ring, plan, stopped, spin)
+    except (CollectiveTimeout, CommunicationError) as error:
+        ring.abandon(plan.call, error, plan)
         raise
     return plan.result if plan.copy_result is None else plan.copy_result(plan.result)
 

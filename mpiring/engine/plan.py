@@ -54,6 +54,7 @@ class Plan:
     address reused by another array) while the persistent requests point into it.
     """
 
+    # slots: the C shortcut of a cached call (compiled.shortcut) reads and writes some by offset
     __slots__ = ("call", "actions", "prologue", "exchanges", "compiled", "result", "backend", "copy_of",
                  "copy_result", "traffic", "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype",
                  "out", "out_shape", "out_dtype")

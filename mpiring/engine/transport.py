@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mpiring.backend import NumpyBackend
 
 
-@dataclass
+@dataclass(slots=True)  # slots: compiled.shortcut counts into them
 class Traffic:
     """What this communicator has handed to MPI since it was made (or last reset)."""
 
