@@ -553,17 +553,13 @@ static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, d
     PyObject *x = args[1], *out = args[2];
     if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight))  /* Python checks a per-call timeout */
         return NULL;
-    PyObject *key = PyTuple_New(7), *plan = NULL;
+    PyObject *x_id = PyLong_FromVoidPtr(x), *out_id = PyLong_FromVoidPtr(out);
+    PyObject *key = x_id && out_id ? PyTuple_Pack(7, args[0], x_id, out_id, args[3], args[4], args[5], args[6]) : NULL;
+    Py_XDECREF(x_id);
+    Py_XDECREF(out_id);
     if (key == NULL)
         return NULL;
-    PyObject *parts[7] = {args[0], PyLong_FromVoidPtr(x), PyLong_FromVoidPtr(out), args[3], args[4], args[5], args[6]};
-    for (int i = 0; i < 7; i++) {
-        if (i != 1 && i != 2)
-            Py_INCREF(parts[i]);
-        PyTuple_SET_ITEM(key, i, parts[i]);
-    }
-    if (parts[1] != NULL && parts[2] != NULL)
-        plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
+    PyObject *plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
     Py_DECREF(key);
     if (plan == NULL || Py_TYPE(plan) != (PyTypeObject *)self->plan_type)
         return NULL;
@@ -629,6 +625,10 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
     double spin = -1.0;
     Program *program = NULL;
     PyObject *plan = NULL, *result = NULL;
+    if (self->in_python == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Shortcut called before it was made (__init__)");
+        return NULL;
+    }
     if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
         plan = hit(self, args, &program, &spin);
         PyErr_Clear();
@@ -750,8 +750,8 @@ static PyTypeObject ShortcutType = {
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Shortcut(table, ring, communicator, plan_type, host, in_python, after, yield_seconds): a blocking "
-              "call's cache hit run in C; called as in_python(collective, x, out, op, root, counts, algorithm, "
-              "timeout) is",
+              "call's cache hit run in C; called with in_python's arguments (collective, x, out, op, root, counts, "
+              "algorithm, timeout)",
     .tp_new = shortcut_new,
     .tp_init = (initproc)shortcut_init,
     .tp_dealloc = (destructor)shortcut_dealloc,
