@@ -124,7 +124,7 @@ class Communicator(BufferAPI):
         # what the methods call: a cached call in C where it can be (compiled.shortcut), else in Python
         self._blocking = self._blocking_in_python
         if self._check is None:
-            self._blocking = compiled.shortcut(self._plans.table, self._ring, self, Plan, NUMPY,
+            self._blocking = compiled.shortcut(self._plans, self._ring, self, Plan, NUMPY,
                                                self._blocking_in_python, self._after_shortcut, YIELD_SECONDS)
 
     @property
@@ -163,6 +163,7 @@ class Communicator(BufferAPI):
         """
         if not self._freed:
             self._freed = True
+            self._blocking = self._blocking_in_python  # the shortcut's memo of its last hit goes too
             self._plans.clear(keep=self._ring.abandoned)
             self._ring.scratch_pool.clear()
             if not self._ring.failures:
@@ -336,7 +337,10 @@ class Communicator(BufferAPI):
             if self._check is not None:
                 self._check.compare(call, *call.checked)
 
-        return PersistentRequest(ring, call, plan, lambda: body(backend), started)
+        request = PersistentRequest(ring, call, plan, lambda: body(backend), started)
+        if self._check is None:  # else `started` compares every run's arguments: in Python
+            request.take_shortcut(self)
+        return request
 
     # ---- the collectives: builders check arguments and return what running the call needs ----
 

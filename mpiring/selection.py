@@ -25,8 +25,9 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "reduce": [(1 << 20, "binomial"), (None, "ring")],
     "allreduce": [(64 << 10, "recursive_doubling"), (1 << 20, "rabenseifner"), (None, "ring")],
     "gather": [(1 << 20, "binomial"), (None, "ring")],
-    # Bruck's fewer rounds lost to the ring at 4 and 8 ranks here at every size (docs/algorithms.md)
-    "allgather": [(None, "ring")],
+    # since planned calls, Bruck's lg p rounds beat the ring's p-1 for small results at 4 and 8
+    # ranks, with both MPI wheels (but see SMALL_WORLDS); the ring keeps larger ones (docs/algorithms.md)
+    "allgather": [(4 << 10, "bruck"), (None, "ring")],
     # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1,
     # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
     "scatter": [(None, "binomial")],
@@ -47,6 +48,7 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
 # returns at once and consecutive calls pipeline down the chain) and isolated calls alike
 # (docs/algorithms.md); its p-1 hops against recursive doubling's lg p rounds are unmeasured beyond.
 SMALL_WORLDS: dict[str, tuple[int, str]] = {
+    "allgather": (2, "ring"),  # one round either way: the ring skips Bruck's final rotation
     "scan": (8, "ring"),
     "exscan": (8, "ring"),
 }

@@ -10,6 +10,8 @@ ones here (tests/fake_device.py), real ones in tests/test_gpu.py."""
 from __future__ import annotations
 
 import gc
+import inspect
+import math
 import threading
 import time
 import weakref
@@ -297,8 +299,8 @@ def test_shape_reassigned_in_place_rebuilds_the_plan(comm):
 
 def test_a_plan_keeps_its_arrays_alive_until_evicted(comm):
     x, out = np.full(3, 1.0), np.empty(3)
-    comm.allreduce(x, out=out)
-    comm.allreduce(x, out=out)
+    for _ in range(3):  # seen, planned, then a cache hit (the C shortcut remembers it)
+        comm.allreduce(x, out=out)
     ref = weakref.ref(x)
     address = x.__array_interface__["data"][0]
     del x
@@ -310,6 +312,18 @@ def test_a_plan_keeps_its_arrays_alive_until_evicted(comm):
     _fill_the_cache(comm)
     gc.collect()
     assert ref() is None  # evicted: released
+
+
+def test_a_freed_communicator_keeps_no_array_alive():
+    comm = mpiring.Communicator()
+    x, out = np.full(3, 1.0), np.empty(3)
+    for _ in range(3):
+        comm.allreduce(x, out=out)
+    ref = weakref.ref(x)
+    del x
+    comm.free()
+    gc.collect()
+    assert ref() is None
 
 
 def _fill_the_cache(comm):
@@ -452,6 +466,34 @@ def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
         assert (plain.traffic.bytes_sent, plain.traffic.messages) == traffic
 
 
+@pytest.mark.skipif(not compiled.available(), reason="the C replay was not built")
+def test_persistent_runs_in_c_count_and_give_what_python_runs_do():
+    """A compiled persistent request starts and waits in C (compiled.persistent_shortcut): the
+    same results, sequence numbers and traffic as the same request run by its Python methods."""
+    x, want = rank_input(4, RANK, (6,), np.float64), numpy_reduce("max", all_inputs(4, N, (6,), np.float64))
+    seen = {}
+    for path in ("C", "Python"):
+        with mpiring.Communicator() as comm:
+            out = np.empty(6)
+            request = comm.allreduce_init(x, op="max", out=out, algorithm="ring")
+            barrier = comm.barrier_init()
+            if path == "Python":
+                for made in (request, barrier):
+                    made.start, made.wait = made._start_in_python, made._wait_in_python
+            assert inspect.isbuiltin(request.start) is (path == "C" and request._plan.compiled is not None)
+            calls = comm._ring.calls
+            for n in range(5):
+                out[:] = -1
+                request.start()
+                assert request.wait() is out
+                assert_same(out, want, f"{path} run {n}")
+                barrier.start()
+                barrier.wait()
+                comm.allreduce(x, out=out, algorithm="ring")  # blocking calls between keep their place
+            seen[path] = (comm._ring.calls - calls, comm.traffic.bytes_sent, comm.traffic.messages)
+    assert seen["C"] == seen["Python"]
+
+
 def test_a_second_thread_is_refused_on_a_planned_call():
     comm = mpiring.Communicator()
     x, out = np.ones(3), np.empty(3)
@@ -474,15 +516,16 @@ def test_a_second_thread_is_refused_on_a_planned_call():
     comm.free()
 
 
-def test_counts_skip_the_layout_exchange_and_are_checked(comm):
+@pytest.mark.parametrize("algorithm, messages", [("ring", N - 1), ("bruck", math.ceil(math.log2(N)))])
+def test_counts_skip_the_layout_exchange_and_are_checked(comm, algorithm, messages):
     counts = [k % 3 for k in range(N)]
     block = np.full((counts[RANK], 2), float(RANK))
     whole = np.empty((sum(counts), 2))
     for _ in range(3):
         comm.traffic.reset()
-        got = comm.allgather(block, out=whole, counts=counts)
+        got = comm.allgather(block, out=whole, counts=counts, algorithm=algorithm)
         assert_same(got, np.concatenate([np.full((c, 2), float(k)) for k, c in enumerate(counts)]), "allgather")
-        assert comm.traffic.messages == N - 1  # the ring's steps only: no exchange of row counts
+        assert comm.traffic.messages == messages  # the algorithm's steps only: no exchange of row counts
     with pytest.raises(mpiring.ArgumentError, match="counts"):
         comm.allgather(block, counts=[1] * (N + 1))  # every rank raises before any message moves
     with pytest.raises(mpiring.ArgumentError, match="counts"):

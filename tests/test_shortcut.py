@@ -5,7 +5,9 @@ are checked without peers. The MPI tests run it on real plans (test_plans, test_
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -32,6 +34,13 @@ class StandInRing:
         self.traffic = Traffic()
 
 
+class StandInCache:
+    __slots__ = ("table", "removals")  # what the shortcut reads of a PlanCache
+
+    def __init__(self, table: dict) -> None:
+        self.table, self.removals = table, 0
+
+
 class StandInCommunicator:
     timeout: float | None = None
 
@@ -49,10 +58,16 @@ class Rig:
         plan.used, plan.traffic = 0, Traffic(bytes_sent=16, bytes_received=12, messages=2)
         plan.result, plan.copy_result = self.out, None
         self.ring, self.communicator = StandInRing(), StandInCommunicator()
-        self.table = {self.key(self.x, self.out): plan}
+        self.cache = StandInCache({self.key(self.x, self.out): plan})
+        self.table = self.cache.table
         self.in_python, self.after = [], []
-        self.shortcut = compiled.shortcut(self.table, self.ring, self.communicator, StandInPlan, HOST,
+        self.shortcut = compiled.shortcut(self.cache, self.ring, self.communicator, StandInPlan, HOST,
                                           self._in_python, self._after, YIELD)
+
+    def replace(self, entry) -> None:
+        """What PlanCache does: the entry under the call's key leaves the table, counted."""
+        self.table[self.key(self.x, self.out)] = entry
+        self.cache.removals += 1
 
     def key(self, x, out, op="sum"):
         return ("allreduce", id(x), id(out), op, None, None, "auto")
@@ -83,17 +98,55 @@ def test_a_hit_runs_the_program_and_counts_as_python_does() -> None:
     assert rig.ring.traffic == Traffic(bytes_sent=48, bytes_received=36, messages=6)
 
 
+def test_the_last_hit_is_remembered_until_a_plan_leaves_the_cache() -> None:
+    rig = Rig()
+    assert rig.call() is rig.out
+    del rig.table[rig.key(rig.x, rig.out)]  # not counted: the memo still finds the plan
+    assert rig.call() is rig.out and rig.in_python == []
+    rig.cache.removals += 1  # counted (as PlanCache counts): the key is looked up again
+    assert rig.call() == "python"
+    other = StandInPlan()
+    for field in StandInPlan.__slots__:
+        setattr(other, field, getattr(rig.plan, field))
+    other.used, other.result = 0, "the new plan's result"
+    rig.replace(other)
+    assert rig.call() == "the new plan's result"
+    assert rig.call(op="".join(["s", "um"])) == "the new plan's result"  # an equal op, not the same object: the dict
+    assert rig.ring.calls == 4 and other.used == 4
+
+
+def test_the_memo_keeps_no_array_alive_once_its_plan_left_the_cache() -> None:
+    rig = Rig()
+    x = rig.x
+    assert rig.call() is rig.out  # remembered: the memo holds x (the stand-in plan does not)
+    gone = weakref.ref(x)
+    del rig.table[rig.key(x, rig.out)]
+    rig.cache.removals += 1
+    rig.x = x = None
+    assert rig.call(x=np.ones(4, np.float32)) == "python"  # any call drops a stale memo
+    rig.in_python.clear()
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_result_the_plan_owns_is_copied() -> None:
     rig = Rig()
     rig.plan.copy_result = lambda result: ("copy of", result)
     assert rig.call() == ("copy of", rig.out)
 
 
+@pytest.mark.parametrize("after_a_hit", [False, True], ids=["cold", "remembered"])
 @pytest.mark.parametrize("change", ["timeout per call", "other arrays", "shape", "dtype", "another thread",
                                     "in flight", "not a plan", "not compiled", "program released", "device plan",
-                                    "unhashable op"])
-def test_anything_else_goes_to_python_untouched(change: str) -> None:
+                                    "unhashable op", "plan removed"])
+def test_anything_else_goes_to_python_untouched(change: str, after_a_hit: bool) -> None:
+    """Also once the shortcut remembers its last hit: the memo skips the key, never the checks."""
     rig = Rig()
+    if after_a_hit:
+        assert rig.call() is rig.out
+        rig.works.clear()
+        rig.ring.calls, rig.plan.used = 0, 0
+        rig.ring.traffic.reset()
     call = {}
     if change == "timeout per call":
         call["timeout"] = 5.0
@@ -108,7 +161,10 @@ def test_anything_else_goes_to_python_untouched(change: str) -> None:
     elif change == "in flight":
         rig.ring.in_flight.append(object())
     elif change == "not a plan":
-        rig.table[rig.key(rig.x, rig.out)] = object()
+        rig.replace(object())
+    elif change == "plan removed":
+        del rig.table[rig.key(rig.x, rig.out)]
+        rig.cache.removals += 1
     elif change == "not compiled":
         rig.plan.compiled = None
     elif change == "program released":
@@ -144,5 +200,131 @@ def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.M
     def in_python(*args):
         return args
 
-    assert compiled.shortcut({}, StandInRing(), StandInCommunicator(), StandInPlan, HOST, in_python, None,
+    assert compiled.shortcut(StandInCache({}), StandInRing(), StandInCommunicator(), StandInPlan, HOST, in_python, None,
                              YIELD) is in_python
+
+
+# ---- a persistent request's start() and wait() in C (compiled.persistent_shortcut) ----
+
+
+class StandInRequest:
+    """The fields PersistentShortcut reads and writes, and the methods it hands calls to."""
+
+    __slots__ = ("_freed", "_running", "_error", "_position", "_run", "handed")
+
+    def __init__(self) -> None:
+        self._freed = self._running = False
+        self._error = self._run = None
+        self._position = -1
+        self.handed = []
+
+    def _start_in_python(self):
+        self.handed.append("start")
+
+    def _wait_in_python(self):
+        self.handed.append("wait")
+        return "python"
+
+    def _failed_start(self, failure):
+        self.handed.append(("failed", failure))
+        raise RuntimeError("start failed")
+
+    def _resume_wait(self, stopped):
+        self.handed.append(("resume", stopped))
+
+
+class StandInCall:
+    __slots__ = ("step",)
+
+
+class StandInPersistentPlan:
+    __slots__ = ("compiled", "call", "traffic", "result")
+
+
+class PersistentRig:
+    def __init__(self, prologue=(), exchanges=1) -> None:
+        self.works = []
+        self.request, self.ring, self.communicator = StandInRequest(), StandInRing(), StandInCommunicator()
+        self.communicator._freed = False
+        self.ring.broken = None
+        self.plan = plan = StandInPersistentPlan()
+        spec = (b"", (), (), (lambda: self.works.append(1),), ())
+        plan.compiled = compiled._replay.Program(prologue, (spec,) * exchanges, 0)
+        plan.call, plan.call.step = StandInCall(), 3
+        plan.traffic, plan.result = Traffic(bytes_sent=8, bytes_received=8, messages=2), "the result"
+        self.start, self.wait = compiled.persistent_shortcut(self.request, self.communicator, self.ring, plan, -1.0)
+
+
+def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
+    rig = PersistentRig()
+    for n in (1, 2):
+        rig.start()
+        assert rig.ring.in_flight == [rig.request] and rig.request._running is True
+        assert rig.request._position == 0 and rig.plan.call.step == 0 and rig.works == [1] * (n - 1)
+        assert rig.wait() == "the result"
+        assert rig.ring.in_flight == [] and rig.request._running is False and rig.works == [1] * n
+    assert rig.ring.calls == 2 and rig.ring.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
+    assert rig.wait() == "the result" and rig.works == [1, 1]  # complete already: the result again
+    assert rig.request.handed == []
+
+
+def test_a_program_without_exchanges_is_complete_once_started() -> None:
+    rig = PersistentRig(exchanges=0)
+    rig.start()
+    assert rig.ring.in_flight == [] and rig.request._running is False
+    assert rig.wait() == "the result" and rig.request.handed == []
+
+
+@pytest.mark.parametrize("change", ["request freed", "running", "in flight", "another thread", "communicator freed",
+                                    "ring broken", "program released"])
+def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> None:
+    rig = PersistentRig()
+    if change == "request freed":
+        rig.request._freed = True
+    elif change == "running":
+        rig.request._running = True
+    elif change == "in flight":
+        rig.ring.in_flight.append(object())
+    elif change == "another thread":
+        rig.ring.owner += 1
+    elif change == "communicator freed":
+        rig.communicator._freed = True
+    elif change == "ring broken":
+        rig.ring.broken = "an earlier call timed out"
+    elif change == "program released":
+        rig.plan.compiled.release()
+    rig.start()
+    assert rig.request.handed == ["start"]
+    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic() and rig.plan.call.step == 3
+
+
+@pytest.mark.parametrize("change", ["never started", "failed", "generator run", "another in flight",
+                                    "another thread", "program released"])
+def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> None:
+    rig = PersistentRig()
+    if change != "never started":
+        rig.start()
+    if change == "failed":
+        rig.request._error = RuntimeError("the last run failed")
+    elif change == "generator run":
+        rig.request._run = object()
+    elif change == "another in flight":
+        rig.ring.in_flight.insert(0, object())
+    elif change == "another thread":
+        rig.ring.owner += 1
+    elif change == "program released":
+        rig.plan.compiled.release()
+    assert rig.wait() == "python"
+    assert rig.request.handed == ["wait"] and rig.works == []
+
+
+def test_a_start_whose_work_raises_is_handed_to_python() -> None:
+    def failing() -> None:
+        raise ZeroDivisionError("prologue failed")
+
+    rig = PersistentRig(prologue=(failing,))
+    with pytest.raises(RuntimeError, match="start failed"):
+        rig.start()
+    [(what, error)] = rig.request.handed
+    assert what == "failed" and isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
+    assert rig.ring.in_flight == []

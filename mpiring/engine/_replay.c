@@ -428,19 +428,24 @@ static PyObject *program_start(Program *self, PyObject *index_object) {
 
 /* begin(): a run from the very beginning that Python will wait for (a persistent request's
    start): the prologue, then exchange 0 started; the MPI error code, 0 if none. */
+static int begin(Program *self) {  /* the MPI error code; -1 if work raised */
+    if (do_work(self->prologue_work, self->nprologue) < 0)
+        return -1;
+    if (self->length == 0)
+        return 0;
+    Exchange *e = &self->exchanges[0];
+    int code = start_exchange(e, self->comm);
+    mirror(e, 1);
+    return code;
+}
+
 static PyObject *program_begin(Program *self, PyObject *unused) {
     if (self->exchanges == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "this program was released");
         return NULL;
     }
-    if (do_work(self->prologue_work, self->nprologue) < 0)
-        return NULL;
-    if (self->length == 0)
-        return PyLong_FromLong(0);
-    Exchange *e = &self->exchanges[0];
-    int code = start_exchange(e, self->comm);
-    mirror(e, 1);
-    return PyLong_FromLong(code);
+    int code = begin(self);
+    return code < 0 ? NULL : PyLong_FromLong(code);
 }
 
 static PyObject *program_release(Program *self, PyObject *unused) {
@@ -491,17 +496,22 @@ static PyTypeObject ProgramType = {
  * A generic attribute lookup costs about as much as the Python it would replace, so the plan's
  * and the traffic counters' fields (__slots__) are read and written at offsets found once, when
  * the shortcut is made; the ring's in-flight list and traffic are objects it is never given anew.
+ * The key's tuple and its dict lookup are most of what is left, so the last hit is remembered:
+ * the very same arguments, with no plan removed from the cache since (PlanCache.removals), find
+ * the same plan without them.
  */
 enum { P_COMPILED, P_BACKEND, P_X_SHAPE, P_X_DTYPE, P_OUT_SHAPE, P_OUT_DTYPE, P_USED, P_TRAFFIC, P_RESULT,
        P_COPY_RESULT, PLAN_FIELDS };
 static const char *plan_fields[PLAN_FIELDS] = {"compiled", "backend", "x_shape", "x_dtype", "out_shape",
                                                "out_dtype", "used", "traffic", "result", "copy_result"};
 static const char *traffic_fields[3] = {"bytes_sent", "bytes_received", "messages"};
+enum { KEY_ARGS = 7 }; /* collective, x, out, op, root, counts, algorithm: what the key is made of */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *table;        /* the communicator's plans by key (PlanCache.table) */
+    PyObject *cache;        /* the communicator's PlanCache: its removals date the memo */
+    PyObject *table;        /* its plans by key (cache.table, never replaced) */
     PyObject *ring;         /* its Ring: owner and calls */
     PyObject *in_flight;    /* ring.in_flight */
     PyObject *traffic;      /* ring.traffic */
@@ -512,6 +522,12 @@ typedef struct {
     PyObject *after;        /* where Python takes over a run that stopped or raised */
     double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
     Py_ssize_t plan_at[PLAN_FIELDS], traffic_at[3]; /* the fields' offsets in a Plan and a Traffic */
+    Py_ssize_t removals_at; /* and of cache.removals */
+    /* the last hit: its key's arguments (held, so none can be another object at the same address),
+       its plan, and cache.removals then; while no plan has left the cache since, the same
+       arguments find the same plan without the key's tuple and the dict (most calls repeat one) */
+    PyObject *memo[KEY_ARGS], *memo_plan;
+    long long memo_removals;
 } Shortcut;
 
 static PyObject *s_owner, *s_shape, *s_dtype, *s_timeout, *s_calls, *one;
@@ -535,6 +551,59 @@ static void set_field(PyObject *object, Py_ssize_t offset, PyObject *value) {
     Py_XSETREF(FIELD(object, offset), Py_NewRef(value));
 }
 
+/* The exception being raised, with its traceback, taken (a new reference; the error indicator is clear). */
+static PyObject *caught(void) {
+    PyObject *type, *error, *traceback;
+    PyErr_Fetch(&type, &error, &traceback);
+    PyErr_NormalizeException(&type, &error, &traceback);
+    if (error != NULL && traceback != NULL)
+        PyException_SetTraceback(error, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return error;
+}
+
+/* total += once, field by field (two Traffic objects; `at`: their fields' offsets). */
+static int add_traffic(PyObject *total, PyObject *once, const Py_ssize_t *at) {
+    if (once == NULL || Py_TYPE(once) != Py_TYPE(total)) {
+        PyErr_SetString(PyExc_TypeError, "a plan's traffic is not a Traffic");
+        return -1;
+    }
+    for (int i = 0; i < 3; i++) {
+        PyObject *sum_so_far = FIELD(total, at[i]), *amount = FIELD(once, at[i]);
+        PyObject *sum = sum_so_far && amount ? PyNumber_Add(sum_so_far, amount) : NULL;
+        if (sum == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "a Traffic field is unset");
+            return -1;
+        }
+        set_field(total, at[i], sum);
+        Py_DECREF(sum);
+    }
+    return 0;
+}
+
+/* ring.calls += 1; the new count (a new reference), NULL on an error. */
+static PyObject *next_call(PyObject *ring) {
+    PyObject *calls = PyObject_GetAttr(ring, s_calls), *now = NULL;
+    if (calls != NULL) {
+        now = PyNumber_Add(calls, one);
+        Py_DECREF(calls);
+    }
+    if (now != NULL && PyObject_SetAttr(ring, s_calls, now) < 0)
+        Py_CLEAR(now);
+    return now;
+}
+
+/* 1: the calling thread is the ring's owner (Ring.claim); 0: not, or not readable (no error set). */
+static int owned(PyObject *ring) {
+    PyObject *owner = PyObject_GetAttr(ring, s_owner);
+    int mine = owner != NULL && PyLong_Check(owner) && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
+    Py_XDECREF(owner);
+    PyErr_Clear();
+    return mine;
+}
+
 /* 1: `array` (None or an array) has the plan's shape and dtype for it; 0: not, or not readable. */
 static int matches(PyObject *array, PyObject *want_shape, PyObject *want_dtype) {
     if (array == Py_None)
@@ -548,21 +617,66 @@ static int matches(PyObject *array, PyObject *want_shape, PyObject *want_dtype) 
     return same;
 }
 
-/* The plan this call may run (borrowed: the table holds it), its program and its spin; NULL: a miss. */
+static void forget(Shortcut *self) {
+    for (int i = 0; i < KEY_ARGS; i++)
+        Py_CLEAR(self->memo[i]);
+    Py_CLEAR(self->memo_plan);
+}
+
+/* cache.removals; -1 if it is not a count (then no memo holds). Sets no error: it runs with one pending. */
+static long long removals_now(Shortcut *self) {
+    PyObject *removals = FIELD(self->cache, self->removals_at);
+    int overflow = 1;
+    long long now = removals && PyLong_CheckExact(removals) ? PyLong_AsLongLongAndOverflow(removals, &overflow) : -1;
+    return overflow || now < 0 ? -1 : now;
+}
+
+/* Drop a memo whose plan may have left the cache (after each call: nor does it keep the arrays alive longer). */
+static void forget_if_stale(Shortcut *self) {
+    if (self->memo_plan != NULL && removals_now(self) != self->memo_removals)
+        forget(self);
+}
+
+/* The plan the last hit found, if these are its arguments and no plan has left the cache since (borrowed). */
+static PyObject *remembered(Shortcut *self, PyObject *const *args, long long removals) {
+    if (self->memo_plan == NULL || removals != self->memo_removals)
+        return NULL;
+    for (int i = 0; i < KEY_ARGS; i++)
+        if (args[i] != self->memo[i])
+            return NULL;
+    return self->memo_plan;
+}
+
+static void remember(Shortcut *self, PyObject *const *args, PyObject *plan, long long removals) {
+    for (int i = 0; i < KEY_ARGS; i++)
+        Py_XSETREF(self->memo[i], Py_NewRef(args[i]));
+    Py_XSETREF(self->memo_plan, Py_NewRef(plan));
+    self->memo_removals = removals;
+}
+
+/* The plan this call may run (borrowed: the table or the memo holds it), its program and its spin; NULL: a miss. */
 static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, double *spin) {
     PyObject *x = args[1], *out = args[2];
     if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight))  /* Python checks a per-call timeout */
         return NULL;
-    PyObject *x_id = PyLong_FromVoidPtr(x), *out_id = PyLong_FromVoidPtr(out);
-    PyObject *key = x_id && out_id ? PyTuple_Pack(7, args[0], x_id, out_id, args[3], args[4], args[5], args[6]) : NULL;
-    Py_XDECREF(x_id);
-    Py_XDECREF(out_id);
-    if (key == NULL)
+    long long removals = removals_now(self);
+    if (removals < 0)
         return NULL;
-    PyObject *plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
-    Py_DECREF(key);
-    if (plan == NULL || Py_TYPE(plan) != (PyTypeObject *)self->plan_type)
-        return NULL;
+    PyObject *plan = remembered(self, args, removals);
+    if (plan == NULL) {
+        PyObject *x_id = PyLong_FromVoidPtr(x), *out_id = PyLong_FromVoidPtr(out);
+        PyObject *key = x_id && out_id ? PyTuple_Pack(KEY_ARGS, args[0], x_id, out_id, args[3], args[4], args[5],
+                                                      args[6]) : NULL;
+        Py_XDECREF(x_id);
+        Py_XDECREF(out_id);
+        if (key == NULL)
+            return NULL;
+        plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
+        Py_DECREF(key);
+        if (plan == NULL || Py_TYPE(plan) != (PyTypeObject *)self->plan_type)
+            return NULL;
+        remember(self, args, plan, removals);
+    }
     const Py_ssize_t *at = self->plan_at;
     PyObject *compiled = FIELD(plan, at[P_COMPILED]);
     if (compiled == NULL || Py_TYPE(compiled) != &ProgramType || ((Program *)compiled)->exchanges == NULL ||
@@ -571,10 +685,7 @@ static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, d
     if (!matches(x, FIELD(plan, at[P_X_SHAPE]), FIELD(plan, at[P_X_DTYPE])) ||
         !matches(out, FIELD(plan, at[P_OUT_SHAPE]), FIELD(plan, at[P_OUT_DTYPE])))
         return NULL;
-    PyObject *owner = PyObject_GetAttr(self->ring, s_owner);
-    int mine = owner != NULL && PyLong_Check(owner) && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
-    Py_XDECREF(owner);
-    PyObject *timeout = mine ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
+    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
     if (timeout == NULL)
         return NULL;
     *spin = -1.0;
@@ -591,34 +702,12 @@ static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, d
 
 /* ring.calls = plan.used = ring.calls + 1, and ring.traffic += plan.traffic, as the Python hit path does. */
 static int count_call(Shortcut *self, PyObject *plan) {
-    PyObject *once = FIELD(plan, self->plan_at[P_TRAFFIC]);
-    if (once == NULL || Py_TYPE(once) != Py_TYPE(self->traffic)) {
-        PyErr_SetString(PyExc_TypeError, "a plan's traffic is not a Traffic");
+    PyObject *now = next_call(self->ring);
+    if (now == NULL)
         return -1;
-    }
-    PyObject *calls = PyObject_GetAttr(self->ring, s_calls), *now = NULL;
-    if (calls != NULL) {
-        now = PyNumber_Add(calls, one);
-        Py_DECREF(calls);
-    }
-    if (now == NULL || PyObject_SetAttr(self->ring, s_calls, now) < 0) {
-        Py_XDECREF(now);
-        return -1;
-    }
     set_field(plan, self->plan_at[P_USED], now);
     Py_DECREF(now);
-    for (int i = 0; i < 3; i++) {
-        PyObject *total = FIELD(self->traffic, self->traffic_at[i]), *amount = FIELD(once, self->traffic_at[i]);
-        PyObject *sum = total && amount ? PyNumber_Add(total, amount) : NULL;
-        if (sum == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_AttributeError, "a Traffic field is unset");
-            return -1;
-        }
-        set_field(self->traffic, self->traffic_at[i], sum);
-        Py_DECREF(sum);
-    }
-    return 0;
+    return add_traffic(self->traffic, FIELD(plan, self->plan_at[P_TRAFFIC]), self->traffic_at);
 }
 
 static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -633,8 +722,11 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
         plan = hit(self, args, &program, &spin);
         PyErr_Clear();
     }
-    if (plan == NULL)
-        return PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
+    if (plan == NULL) {
+        result = PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
+        forget_if_stale(self);
+        return result;
+    }
     Py_INCREF(plan);
     Py_INCREF(program);  /* a work callable could drop both from the table */
     PyObject *stopped = count_call(self, plan) == 0 ? run_from(program, 0, 0, spin) : NULL;
@@ -645,15 +737,7 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
         else
             result = copy == Py_None ? Py_NewRef(value) : PyObject_CallOneArg(copy, value);
     } else {
-        PyObject *type, *error = NULL, *traceback;
-        if (stopped == NULL) {  /* recorded work raised: Python raises it as its own call would */
-            PyErr_Fetch(&type, &error, &traceback);
-            PyErr_NormalizeException(&type, &error, &traceback);
-            if (traceback != NULL)
-                PyException_SetTraceback(error, traceback);
-            Py_XDECREF(type);
-            Py_XDECREF(traceback);
-        }
+        PyObject *error = stopped == NULL ? caught() : NULL; /* recorded work raised: Python raises it */
         PyObject *spin_object = PyFloat_FromDouble(spin);
         if (spin_object != NULL)
             result = PyObject_CallFunctionObjArgs(self->after, plan, stopped ? stopped : Py_None, spin_object,
@@ -664,48 +748,57 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
     Py_XDECREF(stopped);
     Py_DECREF(program);
     Py_DECREF(plan);
+    forget_if_stale(self);  /* work or Python's after() may have cleared the cache */
     return result;
 }
 
 static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
-    PyObject *table, *ring, *communicator, *plan_type, *host, *in_python, *after;
+    PyObject *cache, *ring, *communicator, *plan_type, *host, *in_python, *after;
     double yield_seconds;
-    static char *names[] = {"table", "ring", "communicator", "plan_type", "host", "in_python", "after",
+    static char *names[] = {"cache", "ring", "communicator", "plan_type", "host", "in_python", "after",
                             "yield_seconds", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOOd", names, &PyDict_Type, &table, &ring, &communicator,
-                                     &PyType_Type, &plan_type, &host, &in_python, &after, &yield_seconds))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOOd", names, &cache, &ring, &communicator, &PyType_Type,
+                                     &plan_type, &host, &in_python, &after, &yield_seconds))
         return -1;
-    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
+    PyObject *table = PyObject_GetAttrString(cache, "table");
+    PyObject *in_flight = table ? PyObject_GetAttrString(ring, "in_flight") : NULL;
     PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
-    if (traffic == NULL || !PyList_CheckExact(in_flight)) {
+    if (traffic == NULL || !PyDict_CheckExact(table) || !PyList_CheckExact(in_flight)) {
         if (traffic != NULL)
-            PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
+            PyErr_SetString(PyExc_TypeError, "cache.table must be a dict and ring.in_flight a list");
+        Py_XDECREF(table);
         Py_XDECREF(in_flight);
         Py_XDECREF(traffic);
         return -1;
     }
+    if ((self->removals_at = slot_offset(Py_TYPE(cache), "removals")) < 0)
+        goto fail;
     for (int i = 0; i < PLAN_FIELDS; i++)
         if ((self->plan_at[i] = slot_offset((PyTypeObject *)plan_type, plan_fields[i])) < 0)
             goto fail;
     for (int i = 0; i < 3; i++)
         if ((self->traffic_at[i] = slot_offset(Py_TYPE(traffic), traffic_fields[i])) < 0)
             goto fail;
-    PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
-                          &self->plan_type, &self->host, &self->in_python, &self->after};
-    PyObject *given[] = {table, ring, in_flight, traffic, communicator, plan_type, host, in_python, after};
-    for (int i = 0; i < 9; i++)
+    PyObject **slots[] = {&self->cache, &self->table, &self->ring, &self->in_flight, &self->traffic,
+                          &self->communicator, &self->plan_type, &self->host, &self->in_python, &self->after};
+    PyObject *given[] = {cache, table, ring, in_flight, traffic, communicator, plan_type, host, in_python, after};
+    for (int i = 0; i < 10; i++)
         Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+    forget(self);
+    self->yield_seconds = yield_seconds;
+    Py_DECREF(table);
     Py_DECREF(in_flight);
     Py_DECREF(traffic);
-    self->yield_seconds = yield_seconds;
     return 0;
 fail:
+    Py_DECREF(table);
     Py_DECREF(in_flight);
     Py_DECREF(traffic);
     return -1;
 }
 
 static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
+    Py_VISIT(self->cache);
     Py_VISIT(self->table);
     Py_VISIT(self->ring);
     Py_VISIT(self->in_flight);
@@ -715,10 +808,15 @@ static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
     Py_VISIT(self->host);
     Py_VISIT(self->in_python);
     Py_VISIT(self->after);
+    for (int i = 0; i < KEY_ARGS; i++)
+        Py_VISIT(self->memo[i]);
+    Py_VISIT(self->memo_plan);
     return 0;
 }
 
 static int shortcut_clear(Shortcut *self) {
+    forget(self);
+    Py_CLEAR(self->cache);
     Py_CLEAR(self->table);
     Py_CLEAR(self->ring);
     Py_CLEAR(self->in_flight);
@@ -749,7 +847,7 @@ static PyTypeObject ShortcutType = {
     .tp_name = "mpiring.engine._replay.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Shortcut(table, ring, communicator, plan_type, host, in_python, after, yield_seconds): a blocking "
+    .tp_doc = "Shortcut(cache, ring, communicator, plan_type, host, in_python, after, yield_seconds): a blocking "
               "call's cache hit run in C; called with in_python's arguments (collective, x, out, op, root, counts, "
               "algorithm, timeout)",
     .tp_new = shortcut_new,
@@ -759,6 +857,233 @@ static PyTypeObject ShortcutType = {
     .tp_clear = (inquiry)shortcut_clear,
     .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
     .tp_call = PyVectorcall_Call,
+};
+
+
+/*
+ * A persistent request's start() and wait() in C (executor.PersistentRequest, compiled.persistent_shortcut).
+ *
+ *   req.start() ─► the communicator usable, the owner thread, nothing in flight, the request free
+ *                  to start, its program live (and no MPIRING_CHECK: not made then)
+ *       yes ─► the call count and traffic ─► the prologue, exchange 0 started ─► in flight
+ *                  └── an MPI error or raising work ─► failed_start(code or error): Python raises
+ *       no  ─► start_in_python()
+ *   req.wait() ─► started, no error, and complete or alone in flight, from the owner thread
+ *       yes ─► the rest of the run ─► the plan's result
+ *                  └── stopped waiting, a wrong size, an MPI error ─► resume_wait(stopped)
+ *       no  ─► wait_in_python()
+ *
+ * As the Shortcut does for a blocking call: the same decisions and state changes as the Python
+ * methods' lean paths, the request's, plan's and call's fields at slot offsets found once.
+ */
+enum { R_FREED, R_RUNNING, R_ERROR, R_POSITION, R_RUN, REQUEST_FIELDS };
+static const char *request_fields[REQUEST_FIELDS] = {"_freed", "_running", "_error", "_position", "_run"};
+enum { IN_PYTHON_START, IN_PYTHON_WAIT, FAILED_START, RESUME_WAIT, HANDLERS };
+static const char *handler_names[HANDLERS] = {"_start_in_python", "_wait_in_python", "_failed_start", "_resume_wait"};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *request, *communicator, *ring, *in_flight, *traffic, *plan, *program, *call;
+    PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
+    double spin;                  /* as PersistentRequest._spin */
+    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], plan_traffic_at, plan_result_at, step_at;
+} Persistent;
+
+static PyObject *s_freed, *s_broken, *zero;
+
+/* The communicator not freed and its ring not broken (Communicator._usable); 0 also if unreadable. */
+static int usable(Persistent *self) {
+    PyObject *freed = PyObject_GetAttr(self->communicator, s_freed);
+    PyObject *broken = freed == Py_False ? PyObject_GetAttr(self->ring, s_broken) : NULL;
+    int yes = broken == Py_None;
+    Py_XDECREF(freed);
+    Py_XDECREF(broken);
+    PyErr_Clear();
+    return yes;
+}
+
+static PyObject *in_python(Persistent *self, int which) {
+    return PyObject_CallNoArgs(self->handlers[which]);
+}
+
+static PyObject *persistent_start(Persistent *self, PyObject *unused) {
+    PyObject *request = self->request;
+    const Py_ssize_t *at = self->request_at;
+    Program *program = (Program *)self->program;
+    if (FIELD(request, at[R_FREED]) != Py_False || FIELD(request, at[R_RUNNING]) != Py_False ||
+        PyList_GET_SIZE(self->in_flight) || program->exchanges == NULL || !usable(self) || !owned(self->ring))
+        return in_python(self, IN_PYTHON_START);
+    PyObject *now = next_call(self->ring);
+    if (now == NULL)
+        return NULL;
+    Py_DECREF(now);
+    set_field(self->call, self->step_at, zero);
+    set_field(request, at[R_RUNNING], Py_True);
+    set_field(request, at[R_ERROR], Py_None);
+    if (add_traffic(self->traffic, FIELD(self->plan, self->plan_traffic_at), self->traffic_at) < 0)
+        return NULL;
+    set_field(request, at[R_POSITION], zero);
+    int code = begin(program);
+    if (code) {
+        PyObject *failure = code < 0 ? caught() : PyLong_FromLong(code);
+        PyObject *result = failure ? PyObject_CallOneArg(self->handlers[FAILED_START], failure) : NULL;
+        Py_XDECREF(failure);
+        return result;
+    }
+    if (program->length == 0)
+        set_field(request, at[R_RUNNING], Py_False);
+    else if (PyList_Append(self->in_flight, request) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
+    PyObject *request = self->request;
+    const Py_ssize_t *at = self->request_at;
+    Program *program = (Program *)self->program;
+    PyObject *position_object = FIELD(request, at[R_POSITION]), *running = FIELD(request, at[R_RUNNING]);
+    int overflow = 1;
+    long long position = position_object && PyLong_CheckExact(position_object)
+                             ? PyLong_AsLongLongAndOverflow(position_object, &overflow) : -1;
+    if (overflow || position < 0 || FIELD(request, at[R_ERROR]) != Py_None || FIELD(request, at[R_RUN]) != Py_None ||
+        (running != Py_True && running != Py_False))
+        return in_python(self, IN_PYTHON_WAIT);
+    if (running == Py_True) {
+        if (PyList_GET_SIZE(self->in_flight) != 1 || PyList_GET_ITEM(self->in_flight, 0) != request ||
+            program->exchanges == NULL || !owned(self->ring))
+            return in_python(self, IN_PYTHON_WAIT);
+        if (PyList_SetSlice(self->in_flight, 0, 1, NULL) < 0)
+            return NULL;
+        set_field(request, at[R_RUNNING], Py_False);
+        PyObject *stopped = run_from(program, (Py_ssize_t)position, 1, self->spin);
+        if (stopped == NULL)  /* recorded work raised: as in Python, the error goes to the caller */
+            return NULL;
+        if (stopped != Py_None) {
+            PyObject *result = PyObject_CallOneArg(self->handlers[RESUME_WAIT], stopped);
+            Py_DECREF(stopped);
+            return result;
+        }
+        Py_DECREF(stopped);
+    }
+    PyObject *result = FIELD(self->plan, self->plan_result_at);
+    if (result == NULL)
+        PyErr_SetString(PyExc_AttributeError, "a plan's result is unset");
+    return Py_XNewRef(result);
+}
+
+/* The offset of each of `names` in `object`'s type (__slots__ fields); -1 with an error if one is not. */
+static int offsets_of(PyObject *object, const char **names, int n, Py_ssize_t *at) {
+    for (int i = 0; i < n; i++)
+        if ((at[i] = slot_offset(Py_TYPE(object), names[i])) < 0)
+            return -1;
+    return 0;
+}
+
+static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
+    PyObject *request, *communicator, *ring, *plan;
+    double spin;
+    static char *names[] = {"request", "communicator", "ring", "plan", "spin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOd", names, &request, &communicator, &ring, &plan, &spin))
+        return -1;
+    static const char *traffic_name[] = {"traffic"}, *result_name[] = {"result"}, *step_name[] = {"step"};
+    PyObject *program = PyObject_GetAttrString(plan, "compiled");
+    PyObject *call = program ? PyObject_GetAttrString(plan, "call") : NULL;
+    PyObject *in_flight = call ? PyObject_GetAttrString(ring, "in_flight") : NULL;
+    PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
+    PyObject *handlers[HANDLERS] = {NULL};
+    int ok = traffic != NULL;
+    if (ok && (Py_TYPE(program) != &ProgramType || !PyList_CheckExact(in_flight))) {
+        PyErr_SetString(PyExc_TypeError, "plan.compiled must be a Program and ring.in_flight a list");
+        ok = 0;
+    }
+    ok = ok && offsets_of(request, request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
+         offsets_of(traffic, traffic_fields, 3, self->traffic_at) == 0 &&
+         offsets_of(plan, traffic_name, 1, &self->plan_traffic_at) == 0 &&
+         offsets_of(plan, result_name, 1, &self->plan_result_at) == 0 &&
+         offsets_of(call, step_name, 1, &self->step_at) == 0;
+    for (int i = 0; ok && i < HANDLERS; i++)
+        ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
+    if (ok) {
+        PyObject **slots[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
+                              &self->plan, &self->program, &self->call};
+        PyObject *given[] = {request, communicator, ring, in_flight, traffic, plan, program, call};
+        for (int i = 0; i < 8; i++)
+            Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+        for (int i = 0; i < HANDLERS; i++)
+            Py_XSETREF(self->handlers[i], Py_NewRef(handlers[i]));
+        self->spin = spin;
+    }
+    for (int i = 0; i < HANDLERS; i++)
+        Py_XDECREF(handlers[i]);
+    Py_XDECREF(program);
+    Py_XDECREF(call);
+    Py_XDECREF(in_flight);
+    Py_XDECREF(traffic);
+    return ok ? 0 : -1;
+}
+
+static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
+    PyObject *held[] = {self->request, self->communicator, self->ring, self->in_flight, self->traffic, self->plan,
+                        self->program, self->call};
+    for (int i = 0; i < 8; i++)
+        Py_VISIT(held[i]);
+    for (int i = 0; i < HANDLERS; i++)
+        Py_VISIT(self->handlers[i]);
+    return 0;
+}
+
+static int persistent_clear(Persistent *self) {
+    PyObject **held[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
+                         &self->plan, &self->program, &self->call};
+    for (int i = 0; i < 8; i++)
+        Py_CLEAR(*held[i]);
+    for (int i = 0; i < HANDLERS; i++)
+        Py_CLEAR(self->handlers[i]);
+    return 0;
+}
+
+static void persistent_dealloc(Persistent *self) {
+    PyObject_GC_UnTrack(self);
+    persistent_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* start() and wait() before __init__ (or after a failed one) would find no request */
+static PyObject *persistent_guarded(Persistent *self, PyObject *(*method)(Persistent *, PyObject *)) {
+    if (self->request == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a PersistentShortcut used before it was made (__init__)");
+        return NULL;
+    }
+    return method(self, NULL);
+}
+
+static PyObject *persistent_start_method(Persistent *self, PyObject *unused) {
+    return persistent_guarded(self, persistent_start);
+}
+
+static PyObject *persistent_wait_method(Persistent *self, PyObject *unused) {
+    return persistent_guarded(self, persistent_wait);
+}
+
+static PyMethodDef persistent_methods[] = {
+    {"start", (PyCFunction)persistent_start_method, METH_NOARGS, "Begin a run (the previous one must have completed)."},
+    {"wait", (PyCFunction)persistent_wait_method, METH_NOARGS, "Block until the run started last completes; return its result."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject PersistentType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.PersistentShortcut",
+    .tp_basicsize = sizeof(Persistent),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "PersistentShortcut(request, communicator, ring, plan, spin): a planned persistent request's "
+              "start() and wait() in C where its lean path holds, else its own methods",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)persistent_init,
+    .tp_dealloc = (destructor)persistent_dealloc,
+    .tp_traverse = (traverseproc)persistent_traverse,
+    .tp_clear = (inquiry)persistent_clear,
+    .tp_methods = persistent_methods,
 };
 
 /* bind(startall, testall, waitall, get_count, isend, request_size, status_size, datatype_size, byte_type);
@@ -802,19 +1127,23 @@ static int intern_names(void) {
     return (s_owner = PyUnicode_InternFromString("owner")) && (s_shape = PyUnicode_InternFromString("shape")) &&
                    (s_dtype = PyUnicode_InternFromString("dtype")) &&
                    (s_timeout = PyUnicode_InternFromString("timeout")) && (s_calls = PyUnicode_InternFromString("calls")) &&
-                   (one = PyLong_FromLong(1))
+                   (s_freed = PyUnicode_InternFromString("_freed")) &&
+                   (s_broken = PyUnicode_InternFromString("broken")) && (one = PyLong_FromLong(1)) &&
+                   (zero = PyLong_FromLong(0))
                ? 0
                : -1;
 }
 
 PyMODINIT_FUNC PyInit__replay(void) {
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ShortcutType) < 0 || intern_names() < 0)
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ShortcutType) < 0 || PyType_Ready(&PersistentType) < 0 ||
+        intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
-        PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0) {
+        PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0 ||
+        PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -110,14 +110,24 @@ def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any
     return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0, busy)
 
 
-def shortcut(table: dict, ring: Any, communicator: Any, plan_type: type, host: Any, in_python: Any,
+def shortcut(cache: Any, ring: Any, communicator: Any, plan_type: type, host: Any, in_python: Any,
              after: Any, yield_seconds: float) -> Any:
     """A blocking call that takes a cached compiled plan without running Python (`Shortcut` in
     _replay.c), and otherwise calls `in_python` with the same arguments; `in_python` itself where
     the extension was not built or cannot reach the MPI library."""
     if not available():
         return in_python
-    return _replay.Shortcut(table, ring, communicator, plan_type, host, in_python, after, yield_seconds)
+    return _replay.Shortcut(cache, ring, communicator, plan_type, host, in_python, after, yield_seconds)
+
+
+def persistent_shortcut(request: Any, communicator: Any, ring: Any, plan: Any, spin: float) -> tuple | None:
+    """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
+    handing what it does not take to the request's own method; None where the extension was not
+    built or the plan is not compiled."""
+    if not available() or plan.compiled is None:
+        return None
+    shortcut = _replay.PersistentShortcut(request, communicator, ring, plan, spin)
+    return shortcut.start, shortcut.wait
 
 
 def start(program: Any, index: int) -> None:

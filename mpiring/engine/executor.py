@@ -328,7 +328,16 @@ class PersistentRequest:
 
     A planned request runs its plan's exchanges itself (start the next when one completes); any
     other (an unplanned call, or a plan whose steps overlap) runs through a CollectiveRequest.
+    A compiled one may have start() and wait() in C (`take_shortcut`).
     """
+
+    # slots: the C start() and wait() (compiled.persistent_shortcut) read and write some by offset
+    __slots__ = {
+        "start": "Begin a run (the previous one must have completed).",
+        "wait": "Block until the run started last completes; return its result.",
+        **dict.fromkeys(("_ring", "_call", "_plan", "_replay", "_started", "_run", "_position", "_running",
+                         "_freed", "_error", "holds", "_spin")),
+    }
 
     def __init__(self, ring: Ring, call: Call, plan: Plan | None,
                  replay: Callable[[], Steps] | None, started: Callable[[], None]) -> None:
@@ -345,14 +354,21 @@ class PersistentRequest:
         self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
         timeout = call.timeout  # how long the C replay spins before Python's poll takes over
         self._spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
+        self.start, self.wait = self._start_in_python, self._wait_in_python
+
+    def take_shortcut(self, communicator: Any) -> None:
+        """Start and wait in C where they can (a compiled plan, the lean paths below; its
+        communicator checked as `started` checks it, which must not compare calls, MPIRING_CHECK)."""
+        if self._plan is not None:
+            self.start, self.wait = compiled.persistent_shortcut(self, communicator, self._ring, self._plan,
+                                                                 self._spin) or (self.start, self.wait)
 
     @property
     def arrays(self) -> tuple:
         """The (x, out) the request was made with (Communicator's aliasing check)."""
         return self._call.arrays
 
-    def start(self) -> None:
-        """Begin a run (the previous one must have completed)."""
+    def _start_in_python(self) -> None:
         if self._freed or self._running:
             self._refuse_start()
         self._started()
@@ -381,7 +397,7 @@ class PersistentRequest:
             if plan.compiled is not None and not ring.in_flight:  # the lean path: one call into C
                 code = plan.compiled.begin()
                 if code:
-                    raise MPI.Exception(code)
+                    self._failed_start(code)
             else:
                 for work in plan.prologue:
                     work()
@@ -396,6 +412,12 @@ class PersistentRequest:
             ring.in_flight.append(self)
         else:
             self._running = False
+
+    def _failed_start(self, failure: BaseException | int) -> None:
+        """The run's start raised `failure` (or MPI returned that error code): this run gives only it."""
+        error = MPI.Exception(failure) if isinstance(failure, int) else failure
+        self._running, self._error = False, error
+        raise error
 
     def _refuse_start(self) -> None:
         collective = self._call.collective
@@ -431,8 +453,7 @@ class PersistentRequest:
             return not self._running
         return self.progress()
 
-    def wait(self) -> Any:
-        """Block until the run started last completes; return its result."""
+    def _wait_in_python(self) -> Any:
         self._check_started()
         ring, call = self._ring, self._call
         if self._run is not None:
@@ -461,6 +482,15 @@ class PersistentRequest:
             except (CollectiveTimeout, CommunicationError) as error:
                 self._abandon(error)
                 raise
+        return self._plan.result
+
+    def _resume_wait(self, stopped: tuple[int, int, int]) -> Any:
+        """The C wait's replay stopped (waiting too long, a wrong size, an MPI error): Python carries on."""
+        try:
+            _resume(self._ring, self._plan, stopped, self._spin)
+        except (CollectiveTimeout, CommunicationError) as error:
+            self._abandon(error)
+            raise
         return self._plan.result
 
     @property

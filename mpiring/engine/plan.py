@@ -137,12 +137,17 @@ class PlanCache:
     their requests directly, as the benchmark's ceiling does) are never evicted.
 
     Recency is each entry's `used` (the communicator's call count when it last ran, set by the
-    call that hits it): cheaper on every call than reordering the table, and eviction is rare."""
+    call that hits it): cheaper on every call than reordering the table, and eviction is rare.
+    `removals` counts the entries that ever left the table: the C shortcut's memo of its last hit
+    holds while it is unchanged (compiled.shortcut reads it by slot offset)."""
+
+    __slots__ = ("table", "allocated", "removals", "_max_plans", "_max_bytes")
 
     def __init__(self, plans: int = PLANS_KEPT, nbytes: int = PLAN_BYTES_KEPT) -> None:
-        self.table: dict[tuple, Plan | Sighting] = {}  # key -> plan
+        self.table: dict[tuple, Plan | Sighting] = {}  # key -> plan; the same dict for life
         self._max_plans, self._max_bytes = plans, nbytes
         self.allocated = 0
+        self.removals = 0
 
     def __len__(self) -> int:
         return len(self.table)
@@ -166,11 +171,14 @@ class PlanCache:
         requests in flight: MPI may still use their buffers)."""
         while self.table:
             plan = self.table.popitem()[1]
+            self.removals += 1
             if not any(plan is kept for kept in keep):
                 self._drop(plan)
         self.allocated = 0
 
     def _drop(self, plan: Plan | Sighting) -> None:
+        """`plan` has left the table: free it."""
+        self.removals += 1
         self.allocated -= plan.allocated
         plan.free()
 
