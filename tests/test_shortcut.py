@@ -328,3 +328,13 @@ def test_a_start_whose_work_raises_is_handed_to_python() -> None:
     [(what, error)] = rig.request.handed
     assert what == "failed" and isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
     assert rig.ring.in_flight == []
+
+
+
+def test_shortcuts_used_before_they_were_made_raise() -> None:
+    shortcut = compiled._replay.Shortcut.__new__(compiled._replay.Shortcut)
+    persistent = compiled._replay.PersistentShortcut.__new__(compiled._replay.PersistentShortcut)
+    for use in (lambda: shortcut("allreduce", None, None, None, None, None, "auto", None), persistent.start,
+                persistent.wait):
+        with pytest.raises(RuntimeError, match="before it was made"):
+            use()

@@ -545,6 +545,14 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
     return offset;
 }
 
+/* The offsets of the __slots__ fields `names` in instances of `type`; -1 with an error if one is not. */
+static int offsets_of(PyTypeObject *type, const char **names, int n, Py_ssize_t *at) {
+    for (int i = 0; i < n; i++)
+        if ((at[i] = slot_offset(type, names[i])) < 0)
+            return -1;
+    return 0;
+}
+
 #define FIELD(object, offset) (*(PyObject **)((char *)(object) + (offset))) /* borrowed; NULL if unset */
 
 static void set_field(PyObject *object, Py_ssize_t offset, PyObject *value) {
@@ -773,12 +781,9 @@ static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
     }
     if ((self->removals_at = slot_offset(Py_TYPE(cache), "removals")) < 0)
         goto fail;
-    for (int i = 0; i < PLAN_FIELDS; i++)
-        if ((self->plan_at[i] = slot_offset((PyTypeObject *)plan_type, plan_fields[i])) < 0)
-            goto fail;
-    for (int i = 0; i < 3; i++)
-        if ((self->traffic_at[i] = slot_offset(Py_TYPE(traffic), traffic_fields[i])) < 0)
-            goto fail;
+    if (offsets_of((PyTypeObject *)plan_type, plan_fields, PLAN_FIELDS, self->plan_at) < 0 ||
+        offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) < 0)
+        goto fail;
     PyObject **slots[] = {&self->cache, &self->table, &self->ring, &self->in_flight, &self->traffic,
                           &self->communicator, &self->plan_type, &self->host, &self->in_python, &self->after};
     PyObject *given[] = {cache, table, ring, in_flight, traffic, communicator, plan_type, host, in_python, after};
@@ -906,7 +911,16 @@ static PyObject *in_python(Persistent *self, int which) {
     return PyObject_CallNoArgs(self->handlers[which]);
 }
 
+/* 1: made (__init__ succeeded); 0 with an error: start() and wait() before it would find no request. */
+static int made(Persistent *self) {
+    if (self->request == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "a PersistentShortcut used before it was made (__init__)");
+    return self->request != NULL;
+}
+
 static PyObject *persistent_start(Persistent *self, PyObject *unused) {
+    if (!made(self))
+        return NULL;
     PyObject *request = self->request;
     const Py_ssize_t *at = self->request_at;
     Program *program = (Program *)self->program;
@@ -938,6 +952,8 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
 }
 
 static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
+    if (!made(self))
+        return NULL;
     PyObject *request = self->request;
     const Py_ssize_t *at = self->request_at;
     Program *program = (Program *)self->program;
@@ -971,21 +987,12 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
     return Py_XNewRef(result);
 }
 
-/* The offset of each of `names` in `object`'s type (__slots__ fields); -1 with an error if one is not. */
-static int offsets_of(PyObject *object, const char **names, int n, Py_ssize_t *at) {
-    for (int i = 0; i < n; i++)
-        if ((at[i] = slot_offset(Py_TYPE(object), names[i])) < 0)
-            return -1;
-    return 0;
-}
-
 static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
     PyObject *request, *communicator, *ring, *plan;
     double spin;
     static char *names[] = {"request", "communicator", "ring", "plan", "spin", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOd", names, &request, &communicator, &ring, &plan, &spin))
         return -1;
-    static const char *traffic_name[] = {"traffic"}, *result_name[] = {"result"}, *step_name[] = {"step"};
     PyObject *program = PyObject_GetAttrString(plan, "compiled");
     PyObject *call = program ? PyObject_GetAttrString(plan, "call") : NULL;
     PyObject *in_flight = call ? PyObject_GetAttrString(ring, "in_flight") : NULL;
@@ -996,11 +1003,11 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_TypeError, "plan.compiled must be a Program and ring.in_flight a list");
         ok = 0;
     }
-    ok = ok && offsets_of(request, request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
-         offsets_of(traffic, traffic_fields, 3, self->traffic_at) == 0 &&
-         offsets_of(plan, traffic_name, 1, &self->plan_traffic_at) == 0 &&
-         offsets_of(plan, result_name, 1, &self->plan_result_at) == 0 &&
-         offsets_of(call, step_name, 1, &self->step_at) == 0;
+    ok = ok && offsets_of(Py_TYPE(request), request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
+         offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0 &&
+         (self->plan_traffic_at = slot_offset(Py_TYPE(plan), "traffic")) >= 0 &&
+         (self->plan_result_at = slot_offset(Py_TYPE(plan), "result")) >= 0 &&
+         (self->step_at = slot_offset(Py_TYPE(call), "step")) >= 0;
     for (int i = 0; ok && i < HANDLERS; i++)
         ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
     if (ok) {
@@ -1048,26 +1055,9 @@ static void persistent_dealloc(Persistent *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* start() and wait() before __init__ (or after a failed one) would find no request */
-static PyObject *persistent_guarded(Persistent *self, PyObject *(*method)(Persistent *, PyObject *)) {
-    if (self->request == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "a PersistentShortcut used before it was made (__init__)");
-        return NULL;
-    }
-    return method(self, NULL);
-}
-
-static PyObject *persistent_start_method(Persistent *self, PyObject *unused) {
-    return persistent_guarded(self, persistent_start);
-}
-
-static PyObject *persistent_wait_method(Persistent *self, PyObject *unused) {
-    return persistent_guarded(self, persistent_wait);
-}
-
 static PyMethodDef persistent_methods[] = {
-    {"start", (PyCFunction)persistent_start_method, METH_NOARGS, "Begin a run (the previous one must have completed)."},
-    {"wait", (PyCFunction)persistent_wait_method, METH_NOARGS, "Block until the run started last completes; return its result."},
+    {"start", (PyCFunction)persistent_start, METH_NOARGS, "Begin a run (the previous one must have completed)."},
+    {"wait", (PyCFunction)persistent_wait, METH_NOARGS, "Block until the run started last completes; return its result."},
     {NULL, NULL, 0, NULL},
 };
 
