@@ -33,10 +33,11 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "scatter": [(None, "binomial")],
     "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
     "barrier": [(None, "dissemination")],
-    # the rank's whole input; Bruck's lg p rounds each send about half of it, and won only at
-    # 8 ranks below a few KiB (docs/algorithms.md)
-    "alltoall": [(2 << 10, "bruck"), (None, "pairwise")],
-    "alltoallv": [(None, "pairwise")],
+    # every message in flight at once beat p-1 pairwise rounds at every size and world size;
+    # Bruck's lg p rounds beat it only with MPICH at 8 ranks below 2 KiB, and lost by more with
+    # Open MPI there (docs/algorithms.md)
+    "alltoall": [(None, "scattered")],
+    "alltoallv": [(None, "scattered")],
     # recursive doubling's lg p rounds for an isolated small call in a large world (but see
     # SMALL_WORLDS); in back-to-back calls the chain pipelines across calls
     "scan": [(4 << 10, "recursive_doubling"), (None, "ring")],

@@ -86,19 +86,20 @@ def _sends(a: int, b: int, seed: int) -> int:
 
 @pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int8", "uint32", "float16", "complex128")], ids=str)
 @pytest.mark.parametrize("given", [False, True], ids=["exchanged", "given"])
-def test_alltoallv(comm, dtype, given):
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["alltoallv"]))
+def test_alltoallv(comm, dtype, given, algorithm):
     for seed in range(3):
         send = [_sends(RANK, b, seed) for b in range(N)]
         receive = [_sends(a, RANK, seed) for a in range(N)]
         inputs = [rank_input(seed, k, (sum(_sends(k, b, seed) for b in range(N)), 3), dtype) for k in range(N)]
-        got = comm.alltoallv(inputs[RANK], send, receive if given else None)
+        got = comm.alltoallv(inputs[RANK], send, receive if given else None, algorithm=algorithm)
         # rank k's rows for this rank start after those it sends the ranks before it
         pieces = []
         for k in range(N):
             start = sum(_sends(k, b, seed) for b in range(RANK))
             pieces.append(inputs[k][start : start + _sends(k, RANK, seed)])
-        assert_same(got, np.concatenate(pieces), f"alltoallv {dtype} seed {seed}")
-        assert_same(got, _native_alltoallv(inputs[RANK], send, receive), f"alltoallv {dtype} seed {seed} vs MPI")
+        assert_same(got, np.concatenate(pieces), f"alltoallv {algorithm} {dtype} seed {seed}")
+        assert_same(got, _native_alltoallv(inputs[RANK], send, receive), f"alltoallv {algorithm} {dtype} vs MPI")
 
 
 def test_alltoallv_large_and_all_empty(comm):

@@ -118,7 +118,8 @@ def _calls(comm, algorithm, seed, rows, empty=np.empty):
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "rabenseifner",
-                                       "ring_pipelined", "bruck", "recursive_halving", "pairwise"])
+                                       "ring_pipelined", "bruck", "recursive_halving", "pairwise",
+                                       "scattered"])
 @pytest.mark.parametrize("rows", [0, 1, 3])
 def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows):
     comm = replay_comm

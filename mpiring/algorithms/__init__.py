@@ -19,6 +19,7 @@ from mpiring.algorithms.allreduce_ring import allreduce_ring
 from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
 from mpiring.algorithms.alltoall_bruck import alltoall_bruck
 from mpiring.algorithms.alltoall_pairwise import alltoall_pairwise
+from mpiring.algorithms.alltoall_scattered import alltoall_scattered
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
@@ -53,9 +54,9 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_halving": reduce_scatter_recursive_halving,
     },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
-    "alltoall": {"pairwise": alltoall_pairwise, "bruck": alltoall_bruck},
+    "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck},
     # the ranks know only their own counts, not the blocks Bruck would forward for others
-    "alltoallv": {"pairwise": alltoall_pairwise},
+    "alltoallv": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered},
     # one function each for scan and exscan (the collective says which)
     "scan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
     "exscan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
