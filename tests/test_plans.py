@@ -172,7 +172,7 @@ def _assert_device_plan(plan, backend):
             assert owner is backend or type(owner).__module__ == "mpiring.gpu.staging", (plan.call.collective, work)
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "bruck"])
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "bruck", "pairwise"])
 def test_device_replays_match_the_oracle(device_comm, algorithm):
     comm = device_comm
     backend = comm.device

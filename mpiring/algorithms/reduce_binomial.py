@@ -6,7 +6,8 @@ Every rank but the root sends n bytes once; a rank receives n bytes per child.
 
 A rank posts the receives from all its children at once (one scratch vector each), then
 combines them in a fixed order, lowest relative rank first, so the result's bits do not
-depend on message timing.
+depend on message timing. The first combine reads the rank's own input, and a leaf sends its
+input as it is: no rank copies its input first.
 
     8 ranks, root 0: the broadcast tree (binomial.py) upside down
 
@@ -28,16 +29,21 @@ from mpiring.ring import Ring
 def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, out: Any, op: str) -> Steps:
     """Reduce flat `src` over all ranks into flat `out` on `root` (None elsewhere)."""
     tree = BinomialTree(ring.rank, ring.size, root)
-    acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
-    if acc is not src:
-        backend.copy(acc, src)
+    acc = src  # a leaf sends its input as it is; the first combine writes a parent's accumulator
     if tree.children:
         scratch = backend.empty(len(tree.children) * src.size, src.dtype)
         parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(len(tree.children))]
         yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
                                                                                                strict=True)])
+        acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
+        previous = src
         for part in parts:  # children nearest first: the lower relative ranks' data stays on the left
-            backend.combine(op, acc, part, acc)
+            backend.combine(op, previous, part, acc)
+            previous = acc
+    elif tree.parent is None:  # one rank
+        acc = out
+        if out is not src:
+            backend.copy(out, src)
     if tree.parent is None:
         backend.finish(op, acc, ring.size)
     else:
