@@ -29,21 +29,20 @@ from mpiring.ring import Ring
 def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, out: Any, op: str) -> Steps:
     """Reduce flat `src` over all ranks into flat `out` on `root` (None elsewhere)."""
     tree = BinomialTree(ring.rank, ring.size, root)
-    acc = src  # a leaf sends its input as it is; the first combine writes a parent's accumulator
+    acc = out if tree.parent is None else src  # a leaf sends its input as it is
     if tree.children:
         scratch = backend.empty(len(tree.children) * src.size, src.dtype)
         parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(len(tree.children))]
         yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
                                                                                                strict=True)])
-        acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
-        previous = src
+        if tree.parent is not None:
+            acc = backend.empty(src.size, src.dtype)
+        left = src  # the first combine reads the input itself: no rank copies it first
         for part in parts:  # children nearest first: the lower relative ranks' data stays on the left
-            backend.combine(op, previous, part, acc)
-            previous = acc
-    elif tree.parent is None:  # one rank
-        acc = out
-        if out is not src:
-            backend.copy(out, src)
+            backend.combine(op, left, part, acc)
+            left = acc
+    elif acc is not src:  # one rank
+        backend.copy(acc, src)
     if tree.parent is None:
         backend.finish(op, acc, ring.size)
     else:
