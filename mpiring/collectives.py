@@ -152,9 +152,8 @@ def _algorithm(ring: Ring, call: Call, nbytes: int) -> Any:
 
 def broadcast(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any) -> Steps:
     target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=True)
-    if ring.rank == root and target.array is not x:
-        backend.copy(target.array, x)
-    yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, target.flat)
+    src = backend.flat(x) if ring.rank == root and target.array is not x else None  # the root sends x, copies it
+    yield from _algorithm(ring, call, x.nbytes)(ring, backend, call.tag, root, target.flat, src)
     return target.result()
 
 

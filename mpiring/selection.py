@@ -50,6 +50,13 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
 # (docs/algorithms.md); its p-1 hops against recursive doubling's lg p rounds are unmeasured beyond.
 SMALL_WORLDS: dict[str, tuple[int, str]] = {
     "allgather": (2, "ring"),  # one round either way: the ring skips Bruck's final rotation
+    # the root posts every message at once: on one node MPI copies a large message once, at the
+    # receiver, so the copies run side by side instead of hop after hop; it won or tied at every
+    # size at 4 and 8 ranks with both wheels (docs/algorithms.md). Beyond 8 ranks it is unmeasured,
+    # and a linear broadcast's root link carries n bytes p-1 times: the tables above keep those.
+    "broadcast": (8, "linear"),
+    "gather": (8, "linear"),
+    "scatter": (8, "linear"),
     "scan": (8, "ring"),
     "exscan": (8, "ring"),
 }

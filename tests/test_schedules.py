@@ -21,7 +21,9 @@ from mpiring.engine.scratch import Scratch
 from mpiring.engine.transport import Step
 
 scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
-scattered = importlib.import_module("mpiring.algorithms.alltoall_scattered")  # likewise
+# the one-round algorithms, whose WINDOW a test narrows (the package's names are the functions)
+WINDOWED = [importlib.import_module(f"mpiring.algorithms.{name}")
+            for name in ("alltoall_scattered", "broadcast_linear", "gather_linear", "scatter_linear")]
 
 
 class CheckingRing:
@@ -77,12 +79,28 @@ class CheckingBackend:
         return getattr(NUMPY, name)
 
     def combine(self, op, a, b, out):
+        self.check_in_flight(out, a, b)
         self.ring.consume(a, b)
         NUMPY.combine(op, a, b, out)
 
     def copy(self, dst, src):
+        self.check_in_flight(dst, src)
         self.ring.consume(src)
         NUMPY.copy(dst, src)
+
+    def check_in_flight(self, out, *inputs) -> None:
+        """Work done while steps are in flight (a root's own copy) must not touch their receives
+        (nothing has arrived yet), nor write what their sends are still reading."""
+        for receives, sends in self.ring.pending.values():
+            for buf in receives:
+                assert not any(_overlap(buf, a) for a in (out, *inputs)), (
+                    f"rank {self.ring.rank}: work touches a receive still in flight")
+            for buf in sends:
+                assert not _overlap(buf, out), f"rank {self.ring.rank}: work writes a send still in flight"
+
+
+def _overlap(a, b) -> bool:
+    return bool(a.size and b.size and np.shares_memory(a, b))
 
 
 def _steps(collective, algorithm, ring, backend, length, root):
@@ -90,8 +108,8 @@ def _steps(collective, algorithm, ring, backend, length, root):
     bounds = split_bounds(length, p)
     run = ALGORITHMS[collective][algorithm]
     x = np.arange(length, dtype=np.float64) + r
-    if collective == "broadcast":
-        return run(ring, backend, 1, root, x)
+    if collective == "broadcast":  # odd lengths: the root sends another array and copies it into x
+        return run(ring, backend, 1, root, x, x.copy() if r == root and length % 2 else None)
     if collective == "reduce":
         return run(ring, backend, 1, root, x, np.empty(length) if r == root else None, "sum")
     if collective == "allreduce":
@@ -127,7 +145,8 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
     monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)  # two float64 per segment
     monkeypatch.setattr(broadcast_ring, "SEGMENT_BYTES", 16)
     monkeypatch.setattr(scan_chain, "SEGMENT_BYTES", 16)
-    monkeypatch.setattr(scattered, "WINDOW", 2)  # several steps from 4 ranks on
+    for module in WINDOWED:
+        monkeypatch.setattr(module, "WINDOW", 2)  # several steps from 3 or 4 ranks on
     for p in (1, 2, 3, 4, 5, 7, 8):
         for length in sorted({0, 1, p - 1, p + 1, 3 * p + 2, 37}):
             root = length % p

@@ -51,7 +51,7 @@ class Rig:
     def __init__(self, work=None) -> None:
         self.x, self.out = np.ones(4, np.float32), np.zeros(4, np.float32)
         self.works = []
-        program = compiled._replay.Program((), ((b"", (), (), (work or self._work,), ()),), 0)
+        program = compiled._replay.Program((), ((b"", (), (), (work or self._work,), (), ()),), 0)
         self.plan = plan = StandInPlan()
         plan.compiled, plan.backend = program, HOST
         plan.x_shape, plan.x_dtype, plan.out_shape, plan.out_dtype = self.x.shape, self.x.dtype, (4,), self.out.dtype
@@ -248,7 +248,8 @@ class PersistentRig:
         self.communicator._freed = False
         self.ring.broken = None
         self.plan = plan = StandInPersistentPlan()
-        spec = (b"", (), (), (lambda: self.works.append(1),), ())
+        # (handles, status objects, checks, work after, sends made anew, work in flight)
+        spec = (b"", (), (), (lambda: self.works.append("after"),), (), (lambda: self.works.append("during"),))
         plan.compiled = compiled._replay.Program(prologue, (spec,) * exchanges, 0)
         plan.call, plan.call.step = StandInCall(), 3
         plan.traffic, plan.result = Traffic(bytes_sent=8, bytes_received=8, messages=2), "the result"
@@ -260,12 +261,28 @@ def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
     for n in (1, 2):
         rig.start()
         assert rig.ring.in_flight == [rig.request] and rig.request._running is True
-        assert rig.request._position == 0 and rig.plan.call.step == 0 and rig.works == [1] * (n - 1)
+        # the start did the exchange's work in flight; the wait does the work after it
+        assert rig.request._position == 0 and rig.plan.call.step == 0
+        assert rig.works == ["during", "after"] * (n - 1) + ["during"]
         assert rig.wait() == "the result"
-        assert rig.ring.in_flight == [] and rig.request._running is False and rig.works == [1] * n
+        assert rig.ring.in_flight == [] and rig.request._running is False and rig.works == ["during", "after"] * n
     assert rig.ring.calls == 2 and rig.ring.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
-    assert rig.wait() == "the result" and rig.works == [1, 1]  # complete already: the result again
+    assert rig.wait() == "the result" and rig.works == ["during", "after"] * 2  # complete already: the result again
     assert rig.request.handed == []
+
+
+def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_after() -> None:
+    order = []
+
+    def exchange(n: int) -> tuple:
+        return (b"", (), (), (lambda: order.append(f"after {n}"),), (), (lambda: order.append(f"during {n}"),))
+
+    program = compiled._replay.Program((lambda: order.append("prologue"),), (exchange(0), exchange(1)), 0)
+    assert program.run(0, False, -1.0) is None
+    assert order == ["prologue", "during 0", "after 0", "during 1", "after 1"]
+    order.clear()
+    assert program.start(1) == 0 and order == []  # Python, which started it, does its work in flight
+    assert program.run(1, True, -1.0) is None and order == ["after 1"]
 
 
 def test_a_program_without_exchanges_is_complete_once_started() -> None:
@@ -315,7 +332,7 @@ def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> N
     elif change == "program released":
         rig.plan.compiled.release()
     assert rig.wait() == "python"
-    assert rig.request.handed == ["wait"] and rig.works == []
+    assert rig.request.handed == ["wait"] and rig.works == ([] if change == "never started" else ["during"])
 
 
 def test_a_start_whose_work_raises_is_handed_to_python() -> None:

@@ -23,8 +23,10 @@ from mpiring.algorithms.alltoall_scattered import alltoall_scattered
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
+from mpiring.algorithms.broadcast_linear import broadcast_linear
 from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.algorithms.gather_binomial import gather_binomial
+from mpiring.algorithms.gather_linear import gather_linear
 from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.algorithms.reduce_ring import reduce_ring
@@ -34,10 +36,11 @@ from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_sc
 from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
 from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.algorithms.scatter_binomial import scatter_binomial
+from mpiring.algorithms.scatter_linear import scatter_linear
 from mpiring.algorithms.scatter_ring import scatter_steps
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
-    "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial},
+    "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial, "linear": broadcast_linear},
     "reduce": {"ring": reduce_ring, "binomial": reduce_binomial},
     "allreduce": {
         "ring": allreduce_ring,
@@ -45,9 +48,9 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
     },
-    "gather": {"ring": gather_steps, "binomial": gather_binomial},
+    "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
     "allgather": {"ring": allgather_steps, "bruck": allgather_bruck},
-    "scatter": {"ring": scatter_steps, "binomial": scatter_binomial},
+    "scatter": {"ring": scatter_steps, "binomial": scatter_binomial, "linear": scatter_linear},
     "reduce_scatter": {
         "ring": reduce_scatter_steps,
         "ring_pipelined": pipelined_reduce_scatter_steps,

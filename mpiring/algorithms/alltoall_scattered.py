@@ -21,11 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.transport import Steps
+from mpiring.engine.transport import WINDOW, Steps
 from mpiring.ring import Ring
-
-# Peers per step: bounds the requests a rank has in flight (MPICH's default block is 32 too).
-WINDOW = 32
 
 
 def alltoall_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: Any, send_bounds: list[int], out: Any,
@@ -34,11 +31,16 @@ def alltoall_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: Any, se
     posted WINDOW at a time: shift k falls in the same step at its sender and its receiver, so
     every step's receives meet that step's sends."""
     p, r = ring.size, ring.rank
-    backend.copy(out[recv_bounds[r] : recv_bounds[r + 1]], src[send_bounds[r] : send_bounds[r + 1]])
+    own = (out[recv_bounds[r] : recv_bounds[r + 1]], src[send_bounds[r] : send_bounds[r + 1]])
+    if p == 1:
+        backend.copy(*own)
     for first in range(1, p, WINDOW):
         shifts = range(first, min(first + WINDOW, p))
-        yield ring.post(
+        step = ring.post(
             backend, tag,
             sends=[(src[send_bounds[(r + k) % p] : send_bounds[(r + k) % p + 1]], (r + k) % p) for k in shifts],
             receives=[(out[recv_bounds[(r - k) % p] : recv_bounds[(r - k) % p + 1]], (r - k) % p) for k in shifts],
         )
+        if first == 1:  # the own block is copied while the first step's messages are in flight
+            backend.copy(*own)
+        yield step

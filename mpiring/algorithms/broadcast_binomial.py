@@ -21,10 +21,19 @@ from mpiring.engine.transport import Steps
 from mpiring.ring import Ring
 
 
-def broadcast_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any) -> Steps:
-    """Broadcast flat `buf` from `root`: the root's buf is sent, everyone else's is filled."""
+def broadcast_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any, src: Any = None) -> Steps:
+    """Broadcast flat `buf` from `root`: the root's buf is sent, everyone else's is filled. A
+    root's `src` (another array) is sent instead, and copied into its buf meanwhile."""
     tree = BinomialTree(ring.rank, ring.size, root)
     if tree.parent is not None:
         yield ring.post(backend, tag, receives=[(buf, tree.parent)])
-    if tree.children:  # farthest (largest subtree) first: it has the most hops still to go
-        yield ring.post(backend, tag, sends=[(buf, child) for child, _, _ in reversed(tree.children)])
+    if not tree.children:
+        if src is not None:  # a root alone
+            backend.copy(buf, src)
+        return
+    outgoing = buf if src is None else src
+    # farthest child (largest subtree) first: it has the most hops still to go
+    step = ring.post(backend, tag, sends=[(outgoing, child) for child, _, _ in reversed(tree.children)])
+    if src is not None:  # the root's copy, while its messages are in flight
+        backend.copy(buf, src)
+    yield step

@@ -35,10 +35,13 @@ def segment_count(nbytes: int, world_size: int) -> int:
     return -(-nbytes // SEGMENT_BYTES)
 
 
-def broadcast_steps(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any) -> Steps:
-    """Broadcast flat `buf` from `root`: the root's buf is sent, everyone else's is filled."""
+def broadcast_steps(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any, src: Any = None) -> Steps:
+    """Broadcast flat `buf` from `root`: the root's buf is sent, everyone else's is filled. A
+    root's `src` (another array) is sent instead, and copied into its buf meanwhile."""
     p = ring.size
     if p == 1:
+        if src is not None:
+            backend.copy(buf, src)
         return
     segments = segment_count(buf.nbytes, p)
     seg = split_bounds(buf.size, segments)
@@ -46,12 +49,16 @@ def broadcast_steps(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf:
     last = p - 1  # the position that only receives
     first_step = 0 if q == 0 else q - 1
     final_step = segments - 1 + (q if q < last else q - 1)
+    outgoing = src if q == 0 and src is not None else buf
     for t in range(first_step, final_step + 1):
         sends, receives = [], []
         i = t - q  # the segment this rank forwards at step t
         if q < last and 0 <= i < segments:
-            sends.append((buf[seg[i] : seg[i + 1]], ring.right))
+            sends.append((outgoing[seg[i] : seg[i + 1]], ring.right))
         i = t - q + 1  # the segment it receives at step t
         if q > 0 and 0 <= i < segments:
             receives.append((buf[seg[i] : seg[i + 1]], ring.left))
-        yield ring.post(backend, tag, sends=sends, receives=receives)
+        step = ring.post(backend, tag, sends=sends, receives=receives)
+        if outgoing is not buf and t == 0:  # the root's copy, while its first segment is in flight
+            backend.copy(buf, src)
+        yield step

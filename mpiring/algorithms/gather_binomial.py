@@ -63,9 +63,10 @@ def gather_binomial(
     # root 0's relative order is rank order: it collects straight into out
     direct = tree.parent is None and root == 0
     held = out if direct else backend.empty(offsets[tree.subtree_end] - base, own.dtype)
-    backend.copy(held[: own.size], own)
-    yield ring.post(backend, tag, receives=[(held[offsets[v] - base : offsets[end] - base], child)
-                                            for child, v, end in tree.children])
+    step = ring.post(backend, tag, receives=[(held[offsets[v] - base : offsets[end] - base], child)
+                                             for child, v, end in tree.children])
+    backend.copy(held[: own.size], own)  # while the subtrees' blocks are in flight (they land elsewhere)
+    yield step
     if tree.parent is not None:
         yield ring.post(backend, tag, sends=[(held, tree.parent)])
     elif not direct:

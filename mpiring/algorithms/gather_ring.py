@@ -54,11 +54,15 @@ def gather_steps(
     p = ring.size
     q = ring.position(root)
     if q == 0:
-        lo, hi = block_span(ring, root, bounds, 0)
-        backend.copy(out[lo:hi], own)
+        own_lo, own_hi = block_span(ring, root, bounds, 0)
+        if p == 1:
+            backend.copy(out[own_lo:own_hi], own)
         for s in range(p - 1):
             lo, hi = block_span(ring, root, bounds, p - 1 - s)
-            yield ring.post(backend, tag, receives=[(out[lo:hi], ring.left)])
+            step = ring.post(backend, tag, receives=[(out[lo:hi], ring.left)])
+            if s == 0:  # the root's own block is copied while the first message is in flight
+                backend.copy(out[own_lo:own_hi], own)
+            yield step
         return
     positions = range(1, q)
     with ring.scratch(backend, staging_size(ring, root, bounds, positions), own.dtype) as scratch:

@@ -39,6 +39,7 @@ def scatter_binomial(
             to_relative_order(backend, src, held, bounds, root)
         else:
             yield ring.post(backend, tag, receives=[(held, tree.parent)])
-    yield ring.post(backend, tag, sends=[(held[offsets[v] - base : offsets[end] - base], child)
-                                         for child, v, end in reversed(tree.children)])
-    backend.copy(mine, held[: mine.size])
+    step = ring.post(backend, tag, sends=[(held[offsets[v] - base : offsets[end] - base], child)
+                                          for child, v, end in reversed(tree.children)])
+    backend.copy(mine, held[: mine.size])  # while the subtrees' blocks are in flight (read from elsewhere)
+    yield step

@@ -32,11 +32,15 @@ def scatter_steps(
     p = ring.size
     q = ring.position(root)
     if q == 0:
-        lo, hi = block_span(ring, root, bounds, 0)
-        backend.copy(mine, src[lo:hi])
+        own_lo, own_hi = block_span(ring, root, bounds, 0)
+        if p == 1:
+            backend.copy(mine, src[own_lo:own_hi])
         for t in range(p - 1):
             lo, hi = block_span(ring, root, bounds, p - 1 - t)
-            yield ring.post(backend, tag, sends=[(src[lo:hi], ring.right)])
+            step = ring.post(backend, tag, sends=[(src[lo:hi], ring.right)])
+            if t == 0:  # the root's own block is copied while the first message is in flight
+                backend.copy(mine, src[own_lo:own_hi])
+            yield step
         return
     positions = range(q + 1, p)
     with ring.scratch(backend, staging_size(ring, root, bounds, positions), mine.dtype) as scratch:

@@ -1,8 +1,8 @@
 /*
  * The compiled replay of a plan's exchanges (wrapped by mpiring/engine/compiled.py).
  *
- *   per exchange:  MPI_Startall ─► MPI_Waitall, or MPI_Testall spun for `spin` s ─► byte counts ─► work()
- *                  └───────────── the plan's persistent requests ─────────────┘    (recorded callables)
+ *   per exchange:  MPI_Startall ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s ─► byte counts ─► work()
+ *                  └────────────────── the plan's persistent requests ──────────────────┘    (recorded callables)
  *
  * A small planned call is mostly the cost of crossing from Python into MPI and back a few times
  * per exchange (docs/engine.md, "Where the microseconds"). This runs the same loop as
@@ -86,6 +86,9 @@ typedef struct {
     PyObject *works;           /* the work as Python gave it (it keeps the arrays alive) */
     Py_ssize_t nwork;
     Work *work;                /* run once the exchange is complete */
+    PyObject *during_works;    /* as Python gave it */
+    Py_ssize_t nduring;
+    Work *during;              /* run once its messages are started, before waiting for them */
 } Exchange;
 
 typedef struct {
@@ -219,8 +222,10 @@ static void program_clear(Program *self) {
         PyMem_Free(e->check_index);
         PyMem_Free(e->check_bytes);
         PyMem_Free(e->work);
+        PyMem_Free(e->during);
         PyMem_Free(e->fresh);
         Py_XDECREF(e->works);
+        Py_XDECREF(e->during_works);
     }
     PyMem_Free(self->exchanges);
     self->exchanges = NULL;
@@ -234,11 +239,13 @@ static void program_dealloc(Program *self) {
 
 /* One exchange from (handles: bytes, status_objects: tuple of int, checks: tuple of (index, bytes),
    works: tuple of callables or recognised work, see work_init, fresh: tuple of (index, address,
-   bytes, dest, tag, request object's handle address), the last requests). */
+   bytes, dest, tag, request object's handle address), the last requests, during: work as `works`,
+   done while its messages are in flight). */
 static int exchange_init(Exchange *e, PyObject *spec) {
-    PyObject *handles, *status_objects, *checks, *works, *fresh;
-    if (!PyArg_ParseTuple(spec, "O!O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
-                          &PyTuple_Type, &checks, &PyTuple_Type, &works, &PyTuple_Type, &fresh))
+    PyObject *handles, *status_objects, *checks, *works, *fresh, *during;
+    if (!PyArg_ParseTuple(spec, "O!O!O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
+                          &PyTuple_Type, &checks, &PyTuple_Type, &works, &PyTuple_Type, &fresh, &PyTuple_Type,
+                          &during))
         return -1;
     Py_ssize_t size = PyBytes_GET_SIZE(handles);
     if (size % mpi.request_size != 0 || PyTuple_GET_SIZE(status_objects) != size / mpi.request_size) {
@@ -293,7 +300,12 @@ static int exchange_init(Exchange *e, PyObject *spec) {
     Py_INCREF(works);
     e->works = works;
     e->work = work_init(works, &e->nwork);
-    return e->work == NULL ? -1 : 0;
+    if (e->work == NULL)
+        return -1;
+    Py_INCREF(during);
+    e->during_works = during;
+    e->during = work_init(during, &e->nduring);
+    return e->during == NULL ? -1 : 0;
 }
 
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
@@ -358,6 +370,10 @@ static PyObject *run_from(Program *self, Py_ssize_t first, int started, double s
                 mirror(e, 1);
                 return stopped(e, index, STOPPED_ERROR, code);
             }
+            if (do_work(e->during, e->nduring) < 0) {  /* a host copy (plan.fuse): it does not fail */
+                mirror(e, 1);
+                return NULL;
+            }
         } else {
             mirror(e, 0); /* Python started it, and may have seen some of its sends complete */
         }
@@ -411,7 +427,8 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
     return run_from(self, first, started, spin);
 }
 
-/* start(index): start exchange `index` (for Python, which then waits for it); the MPI error code, 0 if none. */
+/* start(index): start exchange `index` (for Python, which then does its work in flight and waits for it);
+   the MPI error code, 0 if none. */
 static PyObject *program_start(Program *self, PyObject *index_object) {
     Py_ssize_t index = PyLong_AsSsize_t(index_object);
     if (PyErr_Occurred())
@@ -427,7 +444,7 @@ static PyObject *program_start(Program *self, PyObject *index_object) {
 }
 
 /* begin(): a run from the very beginning that Python will wait for (a persistent request's
-   start): the prologue, then exchange 0 started; the MPI error code, 0 if none. */
+   start): the prologue, then exchange 0 started and its work in flight done; the MPI error code, 0 if none. */
 static int begin(Program *self) {  /* the MPI error code; -1 if work raised */
     if (do_work(self->prologue_work, self->nprologue) < 0)
         return -1;
@@ -436,6 +453,8 @@ static int begin(Program *self) {  /* the MPI error code; -1 if work raised */
     Exchange *e = &self->exchanges[0];
     int code = start_exchange(e, self->comm);
     mirror(e, 1);
+    if (!code && do_work(e->during, e->nduring) < 0)
+        return -1;
     return code;
 }
 
@@ -457,7 +476,7 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
     {"start", (PyCFunction)program_start, METH_O, "start(index): start one exchange; the MPI error code"},
-    {"begin", (PyCFunction)program_begin, METH_NOARGS, "begin(): the prologue, then exchange 0 started; the MPI error code"},
+    {"begin", (PyCFunction)program_begin, METH_NOARGS, "begin(): the prologue, then exchange 0 started (and its work in flight done); the MPI error code"},
     {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles (the plan freed its requests)"},
     {NULL, NULL, 0, NULL},
 };
@@ -472,7 +491,7 @@ static PyTypeObject ProgramType = {
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works, fresh), ...), "
+    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works, fresh, during), ...), "
                "comm, busy=False); work: callables, or (kind, out, a, b, bytes) for copies and float sums",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,

@@ -91,7 +91,7 @@ def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any
         return None
     size = MPI._sizeof(MPI.Request)
     specs, comms = [], set()
-    for step, requests, statuses, _, works in exchanges:
+    for step, requests, statuses, _, after, during in exchanges:
         checks = tuple((index, expected) for index, expected, _ in step.receives)
         if any(expected > _INT_MAX for _, expected in checks):  # MPI_Get_count's int: Python says why
             return None
@@ -104,7 +104,8 @@ def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any
             comms.add(MPI._handleof(comm))
         handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)
         status_objects = tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(requests)
-        specs.append((handles, status_objects, checks, tuple(map(_work, works)), tuple(fresh)))
+        specs.append((handles, status_objects, checks, tuple(map(_work, after)), tuple(fresh),
+                      tuple(map(_work, during))))
     if len(comms) > 1:
         return None
     return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0, busy)

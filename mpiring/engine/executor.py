@@ -246,18 +246,20 @@ def _resume(ring: Ring, plan: Plan, stopped: tuple[int, int, int], spin: float) 
 
 
 def _exchanges_in_python(ring: Ring, plan: Plan, first: int, started: bool, waited: float) -> None:
-    """The replay loop, per exchange: one Waitall, or with a timeout one Testall and, if the
-    step is not done yet, waiting.poll (`waited`: seconds already spent on exchange `first`);
-    then the size checks and the exchange's work."""
+    """The replay loop, per exchange: start it and do its work in flight; then one Waitall, or
+    with a timeout one Testall and, if the step is not done yet, waiting.poll (`waited`: seconds
+    already spent on exchange `first`); then the size checks and the work after it."""
     call = plan.call
     timeout = call.timeout
     exchanges = plan.exchanges
     for index in range(first, len(exchanges)):
-        item, requests, statuses, checks, works = exchanges[index]
+        item, requests, statuses, checks, after, during = exchanges[index]
         call.step = index
         try:
             if index > first or not started:
                 item.start()
+                for work in during:
+                    work()
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -267,7 +269,7 @@ def _exchanges_in_python(ring: Ring, plan: Plan, first: int, started: bool, wait
         for status, expected in checks:
             if status.Get_count(_BYTE) != expected:
                 check_sizes(ring.rank, item, statuses, call.collective)  # raises, naming the sender
-        for work in works:
+        for work in after:
             work()
 
 
@@ -275,7 +277,7 @@ def _raise_stopped(ring: Ring, plan: Plan, index: int, code: int) -> None:
     """The compiled replay stopped at exchange `index` on an MPI error (`code`) or a receive of
     the wrong size; the exchange's statuses are in its MPI.Status objects: raise the error."""
     call = plan.call
-    item, _, statuses, _, _ = plan.exchanges[index]
+    item, _, statuses, _, _, _ = plan.exchanges[index]
     call.step = index
     if code:
         raise mpi_error(ring.rank, call, MPI.Exception(code), item, statuses)
@@ -298,7 +300,7 @@ class MessagesOnly:
         self._messages = [(kind, item) for kind, item in plan.actions if kind != WORK]
         self._compiled = None
         if plan.compiled is not None:  # the same exchanges, without their work
-            self._compiled = compiled.program((), tuple(exchange[:4] + ((),) for exchange in plan.exchanges),
+            self._compiled = compiled.program((), tuple(exchange[:4] + ((), ()) for exchange in plan.exchanges),
                                               plan.compiled.busy)
 
     def __call__(self) -> None:
@@ -405,6 +407,8 @@ class PersistentRequest:
                     progress_others(ring)  # requests tested once and dropped finish as later calls come
                 if plan.exchanges:
                     plan.exchanges[0][0].start()
+                    for work in plan.exchanges[0][5]:
+                        work()
         except BaseException as error:
             self._running, self._error = False, error
             raise
@@ -519,6 +523,8 @@ class PersistentRequest:
         self._position += 1
         if self._position < len(exchanges):
             exchanges[self._position][0].start()
+            for work in exchanges[self._position][5]:
+                work()
         else:
             self._running = False
             self._ring.in_flight.remove(self)

@@ -9,6 +9,7 @@ happen then; a run only starts requests, waits and does the arithmetic (mpiring.
 
     building (once)                               running (each call)
     algorithm posts a step     ─►  START step     step.start(): MPI Startall
+    backend.copy before yield  ─►  WORK f         f() while the step's messages are in flight
     algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
     backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
 
@@ -305,30 +306,42 @@ def _copy_with(backend: NumpyBackend, array: Any) -> Any:
 
 
 Exchange = tuple[Step, list[MPI.Prequest], list[MPI.Status] | None, tuple[tuple[MPI.Status, int], ...],
-                 tuple[Callable[[], Any], ...]]
+                 tuple[Callable[[], Any], ...], tuple[Callable[[], Any], ...]]
 
 
 def fuse(actions: list[Action]) -> tuple[tuple[Callable[[], Any], ...], tuple[Exchange, ...] | None]:
     """`actions` as (prologue, exchanges), each exchange (step, its requests, their statuses,
-    (status, bytes expected) per receive, the work after it). Exchanges are None when a step is
-    posted before the previous one is waited for (the pipelined algorithms)."""
-    prologue, exchanges, i = [], [], 0
-    while i < len(actions) and actions[i][0] == WORK:
-        prologue.append(actions[i][1])
-        i += 1
+    (status, bytes expected) per receive, the work after it, the work while its messages are in
+    flight). Whoever starts an exchange's messages does its work in flight next, before waiting.
+
+    Exchanges are None when a step is posted before the previous one is waited for (the
+    pipelined algorithms), or when work in flight is anything but a host copy: that work runs
+    with requests active, so it must be work that cannot fail on the arrays the plan checked
+    (a failure would leave them active behind the caller's back)."""
+    prologue, i = _works_from(actions, 0)
+    exchanges = []
     while i < len(actions):
-        if not (i + 1 < len(actions) and actions[i][0] == START and actions[i + 1][0] == WAIT
-                and actions[i + 1][1] is actions[i][1]):
-            return tuple(prologue), None
-        step = actions[i + 1][1]
-        i += 2
-        works = []
-        while i < len(actions) and actions[i][0] == WORK:
-            works.append(actions[i][1])
-            i += 1
+        if actions[i][0] != START:
+            return prologue, None
+        step = actions[i][1]
+        during, i = _works_from(actions, i + 1)
+        if not (i < len(actions) and actions[i][0] == WAIT and actions[i][1] is step):
+            return prologue, None
+        if not all(isinstance(work, partial) and work.func is numpy.copyto for work in during):
+            return prologue, None
+        after, i = _works_from(actions, i + 1)
         checks = tuple((step.statuses[index], expected) for index, expected, _ in step.receives)
-        exchanges.append((step, step.requests, step.statuses, checks, tuple(works)))
-    return tuple(prologue), tuple(exchanges)
+        exchanges.append((step, step.requests, step.statuses, checks, after, during))
+    return prologue, tuple(exchanges)
+
+
+def _works_from(actions: list[Action], i: int) -> tuple[tuple[Callable[[], Any], ...], int]:
+    """The WORK actions from `i` on, and the index of the first action that is not one."""
+    works = []
+    while i < len(actions) and actions[i][0] == WORK:
+        works.append(actions[i][1])
+        i += 1
+    return tuple(works), i
 
 
 def plan_steps(plan: Plan) -> Generator[Step, None, Any]:

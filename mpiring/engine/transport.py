@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from mpiring.backend import NumpyBackend
 
 
+# Peers one step of a one-round algorithm (all-to-all scattered, the linear rooted ones) posts
+# to at most: bounds the requests a rank has in flight (MPICH's default block is 32 too).
+WINDOW = 32
+
+
 @dataclass(slots=True)  # slots: compiled.shortcut counts into them
 class Traffic:
     """What this communicator has handed to MPI since it was made (or last reset)."""
