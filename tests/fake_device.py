@@ -167,7 +167,7 @@ class FakeIpcEngine(FakeEngine):
     def __init__(self, log: list, delay: int = 2) -> None:
         super().__init__(log, delay)
         self.blocks: list[SharedBlock] = []
-        self._opened: dict[bytes, tuple[int, Any, numpy.ndarray]] = {}
+        self.opened: dict[bytes, tuple[int, Any, numpy.ndarray]] = {}  # handle -> (serial, memory, view)
         self.opens = 0
 
     def ipc_block(self, nbytes: int) -> SharedBlock:
@@ -176,13 +176,13 @@ class FakeIpcEngine(FakeEngine):
         return block
 
     def open_peer(self, handle: bytes, serial: int) -> numpy.ndarray:
-        known = self._opened.get(handle)
+        known = self.opened.get(handle)
         if known is not None and known[0] == serial:
             return known[2]
         memory = shared_memory.SharedMemory(name=handle.rstrip(b"\0").decode())
         resource_tracker.unregister(memory._name, "shared_memory")  # the exporter unlinks it, not us
         view = numpy.ndarray(memory.size, numpy.uint8, memory.buf)
-        self._opened[handle] = (serial, memory, view)
+        self.opened[handle] = (serial, memory, view)
         self.opens += 1
         return view
 
@@ -207,8 +207,8 @@ class FakeIpcEngine(FakeEngine):
         return fence
 
     def close(self) -> None:
-        memories = [memory for _, memory, _ in self._opened.values()]
-        self._opened.clear()  # drops the views first: a mapping with views alive cannot close
+        memories = [memory for _, memory, _ in self.opened.values()]
+        self.opened.clear()  # drops the views first: a mapping with views alive cannot close
         for memory in memories:
             with contextlib.suppress(BufferError):
                 memory.close()

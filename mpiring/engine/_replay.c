@@ -1,8 +1,9 @@
 /*
  * The compiled replay of a plan's exchanges (wrapped by mpiring/engine/compiled.py).
  *
- *   per exchange:  MPI_Startall ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s ─► byte counts ─► work()
- *                  └────────────────── the plan's persistent requests ──────────────────┘    (recorded callables)
+ *   per exchange:  MPI_Startall ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s
+ *                  └──────────── the plan's persistent requests ────────────┘
+ *                  ─► byte counts ─► work() (recorded callables)
  *
  * A small planned call is mostly the cost of crossing from Python into MPI and back a few times
  * per exchange (docs/engine.md, "Where the microseconds"). This runs the same loop as
