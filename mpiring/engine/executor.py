@@ -20,7 +20,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.engine import compiled
-from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps
+from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps, start_exchange
 from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
 from mpiring.engine.waiting import YIELD_SECONDS, is_complete, make_room, poll, progress_others, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
@@ -253,13 +253,11 @@ def _exchanges_in_python(ring: Ring, plan: Plan, first: int, started: bool, wait
     timeout = call.timeout
     exchanges = plan.exchanges
     for index in range(first, len(exchanges)):
-        item, requests, statuses, checks, after, during = exchanges[index]
+        item, requests, statuses, checks, after, _ = exchanges[index]
         call.step = index
         try:
             if index > first or not started:
-                item.start()
-                for work in during:
-                    work()
+                start_exchange(exchanges[index])
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -406,9 +404,7 @@ class PersistentRequest:
                 if ring.in_flight:
                     progress_others(ring)  # requests tested once and dropped finish as later calls come
                 if plan.exchanges:
-                    plan.exchanges[0][0].start()
-                    for work in plan.exchanges[0][5]:
-                        work()
+                    start_exchange(plan.exchanges[0])
         except BaseException as error:
             self._running, self._error = False, error
             raise
@@ -522,9 +518,7 @@ class PersistentRequest:
             work()
         self._position += 1
         if self._position < len(exchanges):
-            exchanges[self._position][0].start()
-            for work in exchanges[self._position][5]:
-                work()
+            start_exchange(exchanges[self._position])
         else:
             self._running = False
             self._ring.in_flight.remove(self)

@@ -335,6 +335,14 @@ def fuse(actions: list[Action]) -> tuple[tuple[Callable[[], Any], ...], tuple[Ex
     return prologue, tuple(exchanges)
 
 
+def start_exchange(exchange: Exchange) -> None:
+    """Start an exchange's messages, then do its work in flight (what every Python path that
+    starts one does; the C replay does the same in Program.run and Program.begin)."""
+    exchange[0].start()
+    for work in exchange[5]:
+        work()
+
+
 def _works_from(actions: list[Action], i: int) -> tuple[tuple[Callable[[], Any], ...], int]:
     """The WORK actions from `i` on, and the index of the first action that is not one."""
     works = []
