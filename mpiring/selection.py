@@ -17,48 +17,41 @@ from mpiring import environment
 
 AUTO = "auto"
 
-# collective -> [(largest message in bytes, algorithm)]; the first row whose bound holds wins.
-# The message size is per rank for the reductions, scans, all-to-all and broadcast, the whole
-# result for gather, all-gather and scatter. None means "any size".
-SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
-    "broadcast": [(4 << 20, "binomial"), (None, "ring")],
-    "reduce": [(1 << 20, "binomial"), (None, "ring")],
-    "allreduce": [(64 << 10, "recursive_doubling"), (1 << 20, "rabenseifner"), (None, "ring")],
-    "gather": [(1 << 20, "binomial"), (None, "ring")],
-    # since planned calls, Bruck's lg p rounds beat the ring's p-1 for small results at 4 and 8
-    # ranks, with both MPI wheels (but see SMALL_WORLDS); the ring keeps larger ones (docs/algorithms.md)
-    "allgather": [(4 << 10, "bruck"), (None, "ring")],
+# collective -> [(most ranks, largest message in bytes, algorithm)]: the first row whose bounds
+# both hold wins; None means "any". The message size is per rank for the reductions, scans,
+# all-to-all and broadcast, the whole result for gather, all-gather and scatter.
+# Rows bounded by ranks come from measurements at 2, 4 and 8 ranks with both MPI wheels
+# (docs/algorithms.md); beyond 8 ranks they are unmeasured, so the open rows keep the
+# algorithms whose cost models favour them there.
+SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
+    # the root posts every message at once (linear): on one node MPI copies a large message once,
+    # at the receiver, so the copies run side by side instead of hop after hop; it won or tied at
+    # every size at 4 and 8 ranks with both wheels. Beyond, a linear broadcast's root link would
+    # carry n bytes p-1 times, and gather's and scatter's p-1 messages meet at the root.
+    "broadcast": [(8, None, "linear"), (None, 4 << 20, "binomial"), (None, None, "ring")],
+    "reduce": [(None, 1 << 20, "binomial"), (None, None, "ring")],
+    "allreduce": [(None, 64 << 10, "recursive_doubling"), (None, 1 << 20, "rabenseifner"), (None, None, "ring")],
+    "gather": [(8, None, "linear"), (None, 1 << 20, "binomial"), (None, None, "ring")],
+    # at 2 ranks one round either way, and the ring skips Bruck's final rotation. Bruck's lg p
+    # rounds beat the ring's p-1 for small results at 4 and 8 ranks with both wheels. From 4 KiB
+    # to 4 MiB every block in flight at once (scattered) beat both there with both wheels; above,
+    # it won with MPICH and lost with Open MPI, so the ring keeps those
+    "allgather": [(2, None, "ring"), (None, 4 << 10, "bruck"), (8, 4 << 20, "scattered"), (None, None, "ring")],
     # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1,
     # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
-    "scatter": [(None, "binomial")],
-    "reduce_scatter": [(1 << 20, "recursive_halving"), (None, "ring")],
-    "barrier": [(None, "dissemination")],
+    "scatter": [(8, None, "linear"), (None, None, "binomial")],
+    "reduce_scatter": [(None, 1 << 20, "recursive_halving"), (None, None, "ring")],
+    "barrier": [(None, None, "dissemination")],
     # every message in flight at once beat p-1 pairwise rounds at every size and world size;
     # Bruck's lg p rounds beat it only with MPICH at 8 ranks below 2 KiB, and lost by more with
     # Open MPI there (docs/algorithms.md)
-    "alltoall": [(None, "scattered")],
-    "alltoallv": [(None, "scattered")],
-    # recursive doubling's lg p rounds for an isolated small call in a large world (but see
-    # SMALL_WORLDS); in back-to-back calls the chain pipelines across calls
-    "scan": [(4 << 10, "recursive_doubling"), (None, "ring")],
-    "exscan": [(4 << 10, "recursive_doubling"), (None, "ring")],
-}
-
-# collective -> (most ranks, algorithm): in a world this small, this algorithm at every size,
-# before SWITCH_POINTS. The scans' chain won every size at 4 and 8 ranks, back-to-back (rank 0
-# returns at once and consecutive calls pipeline down the chain) and isolated calls alike
-# (docs/algorithms.md); its p-1 hops against recursive doubling's lg p rounds are unmeasured beyond.
-SMALL_WORLDS: dict[str, tuple[int, str]] = {
-    "allgather": (2, "ring"),  # one round either way: the ring skips Bruck's final rotation
-    # the root posts every message at once: on one node MPI copies a large message once, at the
-    # receiver, so the copies run side by side instead of hop after hop; it won or tied at every
-    # size at 4 and 8 ranks with both wheels (docs/algorithms.md). Beyond 8 ranks it is unmeasured,
-    # and a linear broadcast's root link carries n bytes p-1 times: the tables above keep those.
-    "broadcast": (8, "linear"),
-    "gather": (8, "linear"),
-    "scatter": (8, "linear"),
-    "scan": (8, "ring"),
-    "exscan": (8, "ring"),
+    "alltoall": [(None, None, "scattered")],
+    "alltoallv": [(None, None, "scattered")],
+    # the chain won every size at 4 and 8 ranks, back-to-back (rank 0 returns at once and
+    # consecutive calls pipeline down the chain) and isolated calls alike; beyond, an isolated
+    # small call would wait p-1 hops against recursive doubling's lg p rounds
+    "scan": [(8, None, "ring"), (None, 4 << 10, "recursive_doubling"), (None, None, "ring")],
+    "exscan": [(8, None, "ring"), (None, 4 << 10, "recursive_doubling"), (None, None, "ring")],
 }
 
 _announced: set[tuple[str, str]] = set()
@@ -72,15 +65,12 @@ def read_environment() -> None:
 
 
 def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
-    most_ranks, algorithm = SMALL_WORLDS.get(collective, (0, ""))
-    if world_size <= most_ranks:
-        return algorithm, f"auto: {world_size} ranks <= {most_ranks}, any size"
-    for bound, algorithm in SWITCH_POINTS[collective]:
-        if bound is None:
-            return algorithm, f"auto: the default for {nbytes} B at {world_size} ranks"
-        if nbytes <= bound:
-            return algorithm, f"auto: {nbytes} B <= {bound} B at {world_size} ranks"
-    raise AssertionError(f"no switch point for {collective}")  # each table ends with a None row
+    for most_ranks, largest, algorithm in SWITCH_POINTS[collective]:
+        if (most_ranks is None or world_size <= most_ranks) and (largest is None or nbytes <= largest):
+            ranks = "any number of ranks" if most_ranks is None else f"{world_size} ranks <= {most_ranks}"
+            size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
+            return algorithm, f"auto: {size}, {ranks}"
+    raise AssertionError(f"no switch point for {collective}")  # each table ends with an open row
 
 
 def environment_choice(collective: str) -> str | None:

@@ -558,7 +558,8 @@ def test_a_second_thread_is_refused_on_a_planned_call():
     comm.free()
 
 
-@pytest.mark.parametrize("algorithm, messages", [("ring", N - 1), ("bruck", math.ceil(math.log2(N)))])
+@pytest.mark.parametrize("algorithm, messages", [("ring", N - 1), ("bruck", math.ceil(math.log2(N))),
+                                                ("scattered", N - 1)])
 def test_counts_skip_the_layout_exchange_and_are_checked(comm, algorithm, messages):
     counts = [k % 3 for k in range(N)]
     block = np.full((counts[RANK], 2), float(RANK))

@@ -6,32 +6,54 @@ import pytest
 
 from mpiring import ArgumentError
 from mpiring.algorithms import ALGORITHMS
-from mpiring.selection import SMALL_WORLDS, SWITCH_POINTS, choose, read_environment
+from mpiring.selection import SWITCH_POINTS, choose, read_environment
 from mpiring.validation import check_algorithm
 
 
 def test_every_switch_point_names_a_real_algorithm_and_ends_open():
     assert set(SWITCH_POINTS) == set(ALGORITHMS)
     for collective, rows in SWITCH_POINTS.items():
-        assert rows[-1][0] is None, f"{collective}: the last row must cover every size"
-        bounds = [bound for bound, _ in rows[:-1]]
-        assert bounds == sorted(bounds), collective
-        for _, name in rows:
+        assert rows[-1][:2] == (None, None), f"{collective}: the last row must cover every case"
+        for _, _, name in rows:
             assert name in ALGORITHMS[collective], (collective, name)
 
 
-def test_auto_picks_by_size():
-    small, large = SWITCH_POINTS["allreduce"][0]
-    assert choose("allreduce", "auto", small, 4) == large
+def _rows_in_force(collective: str, world_size: int) -> list[tuple[int | None, str]]:
+    return [(largest, name) for most, largest, name in SWITCH_POINTS[collective] if most is None or world_size <= most]
+
+
+@pytest.mark.parametrize("collective", list(SWITCH_POINTS))
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8, 9, 64])
+def test_auto_takes_the_first_row_that_holds(collective, world_size):
+    """An independent walk of the table: the rows in force at this world size, then by size."""
+    rows = _rows_in_force(collective, world_size)
+    bounds = [largest for largest, _ in rows]
+    for nbytes in sorted({0, 1, 1 << 40, *(b for b in bounds if b), *(b + 1 for b in bounds if b)}):
+        expected = next(name for largest, name in rows if largest is None or nbytes <= largest)
+        assert choose(collective, "auto", nbytes, world_size) == expected, (collective, world_size, nbytes)
+
+
+@pytest.mark.parametrize("collective", list(SWITCH_POINTS))
+def test_every_row_is_chosen_somewhere(collective):
+    """A row that earlier rows hide at every world size and size is a mistake in the table."""
+    chosen = set()
+    for world_size in range(1, 65):
+        for most, largest, name in SWITCH_POINTS[collective]:
+            if most is None or world_size <= most:
+                for nbytes in (0, largest or 1 << 40):
+                    if choose(collective, "auto", nbytes, world_size) == name:
+                        chosen.add((most, largest, name))
+    assert chosen == set(SWITCH_POINTS[collective])
+
+
+def test_auto_picks_by_size_and_world_size():
+    assert choose("allreduce", "auto", 8, 4) == "recursive_doubling"
     assert choose("allreduce", "auto", 1 << 30, 4) == "ring"
     assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
-
-
-def test_small_worlds_come_first():
-    for collective, (most_ranks, algorithm) in SMALL_WORLDS.items():
-        assert algorithm in ALGORITHMS[collective]
-        assert choose(collective, "auto", 8, most_ranks) == algorithm
-        assert choose(collective, "auto", 8, most_ranks + 1) == SWITCH_POINTS[collective][0][1]
+    assert [choose("allgather", "auto", 8 << 10, p) for p in (2, 4, 8, 9)] == ["ring", "scattered", "scattered", "ring"]
+    assert choose("allgather", "auto", 8 << 20, 4) == "ring"
+    assert [choose("allgather", "auto", 8, p) for p in (2, 4, 9)] == ["ring", "bruck", "bruck"]
+    assert choose("broadcast", "auto", 1 << 30, 8) == "linear"
     assert choose("scan", "auto", 8, 16) == "recursive_doubling"
     assert choose("scan", "auto", 1 << 20, 16) == "ring"
 
@@ -66,6 +88,6 @@ def test_debug_says_what_ran_and_why(monkeypatch, capsys):
     choose("reduce_scatter", "auto", 100, 8)  # said once only
     choose("reduce_scatter", "ring", 100, 8)
     err = capsys.readouterr().err.splitlines()
-    bound, small = SWITCH_POINTS["reduce_scatter"][0]
-    assert err == [f"mpiring: reduce_scatter ran {small} (auto: 100 B <= {bound} B at 8 ranks)",
+    _, bound, small = SWITCH_POINTS["reduce_scatter"][0]
+    assert err == [f"mpiring: reduce_scatter ran {small} (auto: 100 B <= {bound} B, any number of ranks)",
                    "mpiring: reduce_scatter ran ring (asked for)"]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.allgather_ring import allgather_steps
+from mpiring.algorithms.allgather_scattered import allgather_scattered
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
@@ -49,7 +50,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "rabenseifner": allreduce_rabenseifner,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
-    "allgather": {"ring": allgather_steps, "bruck": allgather_bruck},
+    "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered},
     "scatter": {"ring": scatter_steps, "binomial": scatter_binomial, "linear": scatter_linear},
     "reduce_scatter": {
         "ring": reduce_scatter_steps,
