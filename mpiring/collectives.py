@@ -215,9 +215,8 @@ def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, r
         rows = yield from _exchange_layout(ring, call, x, out, True, backend)
     target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
     bounds = bounds_from_counts(rows, _row_size(x.shape))
-    r = ring.rank
-    backend.copy(target.flat[bounds[r] : bounds[r + 1]], backend.flat(x))
-    yield from _algorithm(ring, call, target.array.nbytes)(ring, backend, call.tag, target.flat, bounds)
+    algorithm = _algorithm(ring, call, target.array.nbytes)
+    yield from algorithm(ring, backend, call.tag, target.flat, bounds, src=backend.flat(x))
     return target.result()
 
 

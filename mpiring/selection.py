@@ -40,7 +40,12 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     # the root sends (p-1)/p of the array in either; the tree needs lg p rounds to the ring's p-1,
     # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
     "scatter": [(8, None, "linear"), (None, None, "binomial")],
-    "reduce_scatter": [(None, 1 << 20, "recursive_halving"), (None, None, "ring")],
+    # every input chunk straight to its owner, all at once (scattered), beat the ring and
+    # recursive halving from 128 KiB up at 4 ranks with both wheels (the ring forwards partials
+    # it has just written, which cost more to copy out on one node); at 8 ranks it was within
+    # the runs' noise of the best
+    "reduce_scatter": [(None, 128 << 10, "recursive_halving"), (8, None, "scattered"),
+                       (None, 1 << 20, "recursive_halving"), (None, None, "ring")],
     "barrier": [(None, None, "dissemination")],
     # every message in flight at once beat p-1 pairwise rounds at every size and world size;
     # Bruck's lg p rounds beat it only with MPICH at 8 ranks below 2 KiB, and lost by more with

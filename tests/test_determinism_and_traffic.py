@@ -3,6 +3,8 @@ order (so they repeat run to run); the traffic counters match the ring's byte co
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -84,11 +86,17 @@ def test_traffic_matches_the_ring_formulas(comm, length):
     assert abs(sent - (N - 1) / N * size) <= slack
     assert total == (N - 1) * size and received == total
 
+    # scattered: every chunk but its own straight to its owner, the same bytes in all
+    sent, total, received = _sent_and_total(comm, lambda: comm.reduce_scatter(rows, algorithm="scattered"))
+    assert sent == size - len(np.array_split(rows, N)[RANK]) * item
+    assert total == (N - 1) * size and received == total
+
     # all-gather of `length` rows per rank; first the ranks trade one layout record each
-    sent, total, received = _sent_and_total(comm, lambda: comm.allgather(x, algorithm="ring"))
     layout = (N - 1) * LAYOUT_BYTES
-    assert sent == (N - 1) * size + layout
-    assert total == N * sent and received == total
+    for algorithm in ("ring", "scattered"):
+        sent, total, received = _sent_and_total(comm, partial(comm.allgather, x, algorithm=algorithm))
+        assert sent == (N - 1) * size + layout, algorithm
+        assert total == N * sent and received == total, algorithm
 
     sent, total, _ = _sent_and_total(comm, lambda: comm.broadcast(x, root=0, algorithm="ring"))
     assert total == (N - 1) * size  # every link of the chain but the one back to the root

@@ -140,20 +140,21 @@ def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows
 
 @pytest.mark.parametrize(("name", "algorithm"), [(name, algorithm) for name in ("scatter", "gather", "broadcast")
                                                for algorithm in ("ring", "binomial", "linear")]
-                         + [("alltoall", "scattered")])
+                         + [("alltoall", "scattered"), ("allgather", "ring"), ("allgather", "scattered")])
 def test_the_own_block_is_copied_while_the_first_messages_are_in_flight(replay_comm, name, algorithm):
-    """The root's copy of its own block (every rank's, in all-to-all) is work in flight: done right
+    """The root's copy of its own block (every rank's, in all-to-all and all-gather) is work in flight: done right
     after its first step's messages start, before the wait, and the plan still replays exchange by
     exchange (in C where compiled). The results stay the oracle's as the contents change."""
     comm, root = replay_comm, 0
     x = np.empty((4 * N, 3), np.float32)
     out = np.empty(x.shape if name in ("broadcast", "alltoall") else (4, 3), np.float32)
-    if name == "gather":
+    if name in ("gather", "allgather"):
         x, out = out, x
     call = {"scatter": lambda: comm.scatter(x, root=root, out=out, counts=[4] * N, algorithm=algorithm),
             "gather": lambda: comm.gather(x, root=root, out=out, counts=[4] * N, algorithm=algorithm),
             "broadcast": lambda: comm.broadcast(x, root=root, out=out, algorithm=algorithm),
-            "alltoall": lambda: comm.alltoall(x, out=out, algorithm=algorithm)}[name]
+            "alltoall": lambda: comm.alltoall(x, out=out, algorithm=algorithm),
+            "allgather": lambda: comm.allgather(x, out=out, counts=[4] * N, algorithm=algorithm)}[name]
     for seed in range(3):
         inputs = all_inputs(seed, N, x.shape, x.dtype)
         x[...] = inputs[RANK]
@@ -163,7 +164,7 @@ def test_the_own_block_is_copied_while_the_first_messages_are_in_flight(replay_c
         elif name == "scatter":
             expected = np.split(inputs[root], N)[RANK]
         else:
-            expected = np.concatenate(inputs) if name == "gather" else inputs[root]
+            expected = np.concatenate(inputs) if name in ("gather", "allgather") else inputs[root]
         if name == "gather" and RANK != root:
             assert got is None
         else:
@@ -172,7 +173,7 @@ def test_the_own_block_is_copied_while_the_first_messages_are_in_flight(replay_c
     _assert_replays_in(comm, plan)
     assert plan.exchanges is not None
     during = [work for exchange in plan.exchanges for work in exchange[5]]
-    if N > 1 and (RANK == root or name == "alltoall"):  # the copy, in flight with the first step
+    if N > 1 and (RANK == root or name in ("alltoall", "allgather")):  # the copy, in flight with the first step
         assert len(during) == 1 and plan.exchanges[0][5] and not plan.prologue, (name, algorithm)
     else:
         assert len(during) <= 1, (name, algorithm)  # (a binomial root alone copies during an empty step)

@@ -117,8 +117,9 @@ def _steps(collective, algorithm, ring, backend, length, root):
         return run(ring, backend, 1, x, np.empty(length), "sum")
     if collective == "reduce_scatter":
         return run(ring, backend, 1, x, bounds, "sum", np.empty(bounds[r + 1] - bounds[r]))
-    if collective == "allgather":
-        return run(ring, backend, 1, np.zeros(length), bounds)
+    if collective == "allgather":  # odd lengths: the own chunk comes from another array
+        src = x[bounds[r]:bounds[r + 1]].copy() if length % 2 else None
+        return run(ring, backend, 1, np.zeros(length), bounds, src)
     if collective == "gather":
         return run(ring, backend, 1, root, x[bounds[r]:bounds[r + 1]], np.empty(length) if r == root else None,
                    bounds)

@@ -52,6 +52,8 @@ def test_auto_picks_by_size_and_world_size():
     assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
     assert [choose("allgather", "auto", 8 << 10, p) for p in (2, 4, 8, 9)] == ["ring", "scattered", "scattered", "ring"]
     assert choose("allgather", "auto", 8 << 20, 4) == "ring"
+    assert [choose("reduce_scatter", "auto", 1 << 20, p) for p in (2, 8, 9)] == ["scattered", "scattered",
+                                                                                "recursive_halving"]
     assert [choose("allgather", "auto", 8, p) for p in (2, 4, 9)] == ["ring", "bruck", "bruck"]
     assert choose("broadcast", "auto", 1 << 30, 8) == "linear"
     assert choose("scan", "auto", 8, 16) == "recursive_doubling"

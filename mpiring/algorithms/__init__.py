@@ -34,6 +34,7 @@ from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_scatter_steps
+from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
 from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
 from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.algorithms.scatter_binomial import scatter_binomial
@@ -56,6 +57,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "ring": reduce_scatter_steps,
         "ring_pipelined": pipelined_reduce_scatter_steps,
         "recursive_halving": reduce_scatter_recursive_halving,
+        "scattered": reduce_scatter_scattered,
     },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
     "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck},

@@ -25,14 +25,19 @@ from mpiring.engine.transport import Steps
 from mpiring.ring import Ring
 
 
-def allgather_bruck(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int]) -> Steps:
-    """Fill flat `buf` (chunk c spans bounds[c]:bounds[c+1]); this rank's chunk is already there."""
+def allgather_bruck(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int],
+                    src: Any = None) -> Steps:
+    """The ring all-gather's contract (mpiring.algorithms.allgather_ring): the own chunk is in
+    `buf` or is `src`. The final rotation writes every chunk of `buf`, the own one included."""
     p, r = ring.size, ring.rank
+    own = buf[bounds[r] : bounds[r + 1]] if src is None else src
     if p == 1:
+        if src is not None:
+            backend.copy(buf, src)
         return
     offsets = relative_offsets(bounds, r)  # rotated order = relative to this rank
     rotated = backend.empty(bounds[-1], buf.dtype)
-    backend.copy(rotated[: offsets[1]], buf[bounds[r] : bounds[r + 1]])
+    backend.copy(rotated[: offsets[1]], own)
     distance = 1
     while distance < p:
         count = min(distance, p - distance)

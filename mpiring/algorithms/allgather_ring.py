@@ -4,7 +4,9 @@ Cost: (p-1) alpha + (p-1)/p n beta      (n bytes of gathered result, p ranks)
 Each rank sends and receives p-1 chunks: (p-1)/p n bytes, up to chunk rounding.
 
 Step s = 0..p-2: rank r forwards chunk (r-s) to the right and receives chunk (r-s-1) from
-the left straight into its place in the result. Nothing is copied or combined.
+the left straight into its place in the result. Nothing is combined; a rank whose own chunk
+comes from another array (the all-gather collective's input) sends it from there at step 0 and
+copies it into its place while that step is in flight.
 
     3 ranks, chunks A B C (A from r0)
 
@@ -22,14 +24,19 @@ from mpiring.engine.transport import Steps
 from mpiring.ring import Ring
 
 
-def allgather_steps(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int]) -> Steps:
-    """Fill flat `buf` (chunk c spans bounds[c]:bounds[c+1]); this rank's chunk is already there."""
+def allgather_steps(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int],
+                    src: Any = None) -> Steps:
+    """Fill flat `buf` (chunk c spans bounds[c]:bounds[c+1]). This rank's chunk is already
+    there, or is `src`: sent from there, and copied into its place meanwhile."""
     p, r = ring.size, ring.rank
+    own = buf[bounds[r] : bounds[r + 1]]
+    if p == 1 and src is not None:
+        backend.copy(own, src)
     for s in range(p - 1):
         give, take = (r - s) % p, (r - s - 1) % p
-        yield ring.post(
-            backend,
-            tag,
-            sends=[(buf[bounds[give] : bounds[give + 1]], ring.right)],
-            receives=[(buf[bounds[take] : bounds[take + 1]], ring.left)],
-        )
+        outgoing = src if s == 0 and src is not None else buf[bounds[give] : bounds[give + 1]]
+        step = ring.post(backend, tag, sends=[(outgoing, ring.right)],
+                         receives=[(buf[bounds[take] : bounds[take + 1]], ring.left)])
+        if outgoing is src:  # the own chunk's copy, while it travels from src
+            backend.copy(own, src)
+        yield step

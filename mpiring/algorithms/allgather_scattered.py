@@ -24,15 +24,23 @@ from mpiring.engine.transport import WINDOW, Steps
 from mpiring.ring import Ring
 
 
-def allgather_scattered(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int]) -> Steps:
-    """Fill flat `buf` (chunk c spans bounds[c]:bounds[c+1]); this rank's chunk is already there.
-    Shift k falls in the same step at its sender and its receiver, as in the all-to-all."""
+def allgather_scattered(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int],
+                        src: Any = None) -> Steps:
+    """The ring all-gather's contract (mpiring.algorithms.allgather_ring): the own chunk is in
+    `buf` or is `src`, then copied into its place while the first step is in flight. Shift k
+    falls in the same step at its sender and its receiver, as in the all-to-all."""
     p, r = ring.size, ring.rank
-    mine = buf[bounds[r] : bounds[r + 1]]
+    own = buf[bounds[r] : bounds[r + 1]]
+    outgoing = own if src is None else src
+    if p == 1 and src is not None:
+        backend.copy(own, src)
     for first in range(1, p, WINDOW):
         shifts = range(first, min(first + WINDOW, p))
-        yield ring.post(
+        step = ring.post(
             backend, tag,
-            sends=[(mine, (r + k) % p) for k in shifts],
+            sends=[(outgoing, (r + k) % p) for k in shifts],
             receives=[(buf[bounds[(r - k) % p] : bounds[(r - k) % p + 1]], (r - k) % p) for k in shifts],
         )
+        if first == 1 and src is not None:
+            backend.copy(own, src)
+        yield step

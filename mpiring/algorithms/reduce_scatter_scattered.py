@@ -1,0 +1,51 @@
+"""Scattered reduce-scatter (MPICH's pairwise exchange, all at once): every rank sends chunk k of
+its input straight to rank k and receives its own chunk from every other rank, at most WINDOW
+peers per step, then reduces the p partials of its chunk in a fixed order.
+
+Cost: ceil((p-1)/W) alpha + (p-1)/p n beta + (p-1)/p n gamma    (n bytes per rank, p ranks,
+W = WINDOW) - the ring's bytes and reductions. Every message carries input, never a partial
+reduced a moment before (the ring forwards what it has just written: a message whose source
+is still in the sender's cache costs more to copy out of it on one node); the price is scratch
+for p-1 chunks instead of the ring's two.
+
+    3 ranks, chunks 0 1 2; "1@2" = chunk 1 of rank 2's input
+
+    one step:  r0 ─1@0─► r1   r0 ─2@0─► r2
+               r1 ─2@1─► r2   r1 ─0@1─► r0
+               r2 ─0@2─► r0   r2 ─1@2─► r1
+    then r0 reduces 0@0, 0@2, 0@1 (its own, then shift 1, then shift 2), and so on
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpiring.backend import NumpyBackend
+from mpiring.engine.transport import WINDOW, Steps
+from mpiring.ring import Ring
+
+
+def reduce_scatter_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: Any, bounds: list[int], op: str,
+                             result: Any) -> Steps:
+    """The ring reduce-scatter's contract (mpiring.algorithms.reduce_scatter_ring); `result`
+    may be a view of `src`'s own chunk, which no message reads."""
+    p, r = ring.size, ring.rank
+    mine = src[bounds[r] : bounds[r + 1]]
+    if p == 1:
+        backend.copy(result, mine)
+        backend.finish(op, result, p)
+        return
+    size = mine.size
+    with ring.scratch(backend, (p - 1) * size, src.dtype) as scratch:
+        partials = [scratch[(k - 1) * size : k * size] for k in range(1, p)]  # shift k's, from rank r-k
+        for first in range(1, p, WINDOW):
+            shifts = range(first, min(first + WINDOW, p))
+            yield ring.post(
+                backend, tag,
+                sends=[(src[bounds[(r + k) % p] : bounds[(r + k) % p + 1]], (r + k) % p) for k in shifts],
+                receives=[(partials[k - 1], (r - k) % p) for k in shifts],
+            )
+        backend.combine(op, mine, partials[0], result)
+        for partial in partials[1:]:
+            backend.combine(op, result, partial, result)
+    backend.finish(op, result, p)
