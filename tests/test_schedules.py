@@ -23,8 +23,8 @@ from mpiring.engine.transport import Step
 scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
 # the one-round algorithms, whose WINDOW a test narrows (the package's names are the functions)
 WINDOWED = [importlib.import_module(f"mpiring.algorithms.{name}")
-            for name in ("allgather_scattered", "alltoall_scattered", "broadcast_linear", "gather_linear",
-                         "scatter_linear")]
+            for name in ("allgather_scattered", "alltoall_scattered", "reduce_scatter_scattered", "broadcast_linear",
+                         "gather_linear", "scatter_linear")]
 
 
 class CheckingRing:

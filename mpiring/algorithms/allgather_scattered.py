@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.transport import WINDOW, Steps
+from mpiring.engine.transport import WINDOW, Steps, shift_windows
 from mpiring.ring import Ring
 
 
@@ -34,13 +34,12 @@ def allgather_scattered(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, b
     outgoing = own if src is None else src
     if p == 1 and src is not None:
         backend.copy(own, src)
-    for first in range(1, p, WINDOW):
-        shifts = range(first, min(first + WINDOW, p))
+    for shifts in shift_windows(p, WINDOW):
         step = ring.post(
             backend, tag,
             sends=[(outgoing, (r + k) % p) for k in shifts],
             receives=[(buf[bounds[(r - k) % p] : bounds[(r - k) % p + 1]], (r - k) % p) for k in shifts],
         )
-        if first == 1 and src is not None:
+        if shifts.start == 1 and src is not None:
             backend.copy(own, src)
         yield step

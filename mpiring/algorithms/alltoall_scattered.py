@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.transport import WINDOW, Steps
+from mpiring.engine.transport import WINDOW, Steps, shift_windows
 from mpiring.ring import Ring
 
 
@@ -34,13 +34,12 @@ def alltoall_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: Any, se
     own = (out[recv_bounds[r] : recv_bounds[r + 1]], src[send_bounds[r] : send_bounds[r + 1]])
     if p == 1:
         backend.copy(*own)
-    for first in range(1, p, WINDOW):
-        shifts = range(first, min(first + WINDOW, p))
+    for shifts in shift_windows(p, WINDOW):
         step = ring.post(
             backend, tag,
             sends=[(src[send_bounds[(r + k) % p] : send_bounds[(r + k) % p + 1]], (r + k) % p) for k in shifts],
             receives=[(out[recv_bounds[(r - k) % p] : recv_bounds[(r - k) % p + 1]], (r - k) % p) for k in shifts],
         )
-        if first == 1:  # the own block is copied while the first step's messages are in flight
+        if shifts.start == 1:  # the own block is copied while the first step's messages are in flight
             backend.copy(*own)
         yield step

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
-from mpiring.engine.transport import WINDOW, Steps
+from mpiring.engine.transport import WINDOW, Steps, shift_windows
 from mpiring.ring import Ring
 
 
@@ -38,8 +38,7 @@ def reduce_scatter_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: A
     size = mine.size
     with ring.scratch(backend, (p - 1) * size, src.dtype) as scratch:
         partials = [scratch[(k - 1) * size : k * size] for k in range(1, p)]  # shift k's, from rank r-k
-        for first in range(1, p, WINDOW):
-            shifts = range(first, min(first + WINDOW, p))
+        for shifts in shift_windows(p, WINDOW):
             yield ring.post(
                 backend, tag,
                 sends=[(src[bounds[(r + k) % p] : bounds[(r + k) % p + 1]], (r + k) % p) for k in shifts],

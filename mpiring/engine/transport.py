@@ -13,7 +13,7 @@ This module knows MPI and the backends' buffer protocol, and nothing of the ring
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 # Peers one step of a one-round algorithm (all-to-all scattered, the linear rooted ones) posts
 # to at most: bounds the requests a rank has in flight (MPICH's default block is 32 too).
 WINDOW = 32
+
+
+def shift_windows(size: int, window: int) -> Iterator[range]:
+    """Shifts 1..size-1, at most `window` per step, for the scattered algorithms: shift k (to
+    rank r+k, from rank r-k) falls in the same step at its sender and at its receiver."""
+    return (range(first, min(first + window, size)) for first in range(1, size, window))
 
 
 @dataclass(slots=True)  # slots: compiled.shortcut counts into them
