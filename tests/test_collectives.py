@@ -76,6 +76,29 @@ def test_reduce(comm, case, algorithm):
                 assert_same(got, native, f"reduce {op} {dtype} len {length} root {root} vs MPI")
 
 
+@algorithms('allreduce')
+def test_allreduce_in_place(comm, algorithm):
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, np.float64)
+        x = inputs[RANK].copy()
+        assert comm.allreduce(x, out=x, algorithm=algorithm) is x
+        assert_same(x, numpy_reduce("sum", inputs), f"allreduce {algorithm} in place len {length}")
+
+
+@algorithms('reduce')
+def test_reduce_in_place(comm, algorithm):
+    """out=x on the root: an algorithm that receives into the result must not overwrite the input
+    before reducing it."""
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, np.float64)
+        for root in ROOTS:
+            x = inputs[RANK].copy()
+            got = comm.reduce(x, root=root, out=x if RANK == root else None, algorithm=algorithm)
+            if RANK == root:
+                assert got is x
+                assert_same(x, numpy_reduce("sum", inputs), f"reduce {algorithm} in place len {length} root {root}")
+
+
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
 @algorithms('reduce_scatter')
 def test_reduce_scatter(comm, case, algorithm):

@@ -91,6 +91,12 @@ def test_traffic_matches_the_ring_formulas(comm, length):
     assert sent == size - len(np.array_split(rows, N)[RANK]) * item
     assert total == (N - 1) * size and received == total
 
+    # reduce, scattered: the reduce-scatter's bytes, then every chunk but the root's to the root
+    chunks = [len(chunk) * item for chunk in np.array_split(x, N)]
+    sent, total, received = _sent_and_total(comm, lambda: comm.reduce(x, root=0, algorithm="scattered"))
+    assert sent == size - chunks[RANK] + (chunks[RANK] if RANK else 0)
+    assert total == (N - 1) * size + size - chunks[0] and received == total
+
     # all-gather of `length` rows per rank; first the ranks trade one layout record each
     layout = (N - 1) * LAYOUT_BYTES
     for algorithm in ("ring", "scattered"):

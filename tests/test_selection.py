@@ -48,7 +48,9 @@ def test_every_row_is_chosen_somewhere(collective):
 
 def test_auto_picks_by_size_and_world_size():
     assert choose("allreduce", "auto", 8, 4) == "recursive_doubling"
-    assert choose("allreduce", "auto", 1 << 30, 4) == "ring"
+    assert choose("allreduce", "auto", 1 << 30, 4) == "scattered"
+    assert [choose("allreduce", "auto", 1 << 20, p) for p in (2, 8, 9)] == ["scattered", "scattered", "rabenseifner"]
+    assert choose("allreduce", "auto", 1 << 30, 9) == "ring"
     assert choose("allreduce", "ring", 8, 4) == "ring"  # asked for: no switching
     assert [choose("allgather", "auto", 8 << 10, p) for p in (2, 4, 8, 9)] == ["ring", "scattered", "scattered", "ring"]
     assert choose("allgather", "auto", 8 << 20, 4) == "ring"
@@ -56,6 +58,9 @@ def test_auto_picks_by_size_and_world_size():
                                                                                 "recursive_halving"]
     assert [choose("allgather", "auto", 8, p) for p in (2, 4, 9)] == ["ring", "bruck", "bruck"]
     assert choose("broadcast", "auto", 1 << 30, 8) == "linear"
+    assert [choose("reduce", "auto", 1 << 20, p) for p in (2, 4, 8, 9)] == ["binomial", "scattered", "scattered",
+                                                                          "binomial"]
+    assert [choose("reduce", "auto", 64 << 10, p) for p in (2, 4)] == ["binomial", "binomial"]
     assert choose("scan", "auto", 8, 16) == "recursive_doubling"
     assert choose("scan", "auto", 1 << 20, 16) == "ring"
 

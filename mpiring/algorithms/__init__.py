@@ -18,6 +18,7 @@ from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
 from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
+from mpiring.algorithms.allreduce_scattered import allreduce_scattered
 from mpiring.algorithms.alltoall_bruck import alltoall_bruck
 from mpiring.algorithms.alltoall_pairwise import alltoall_pairwise
 from mpiring.algorithms.alltoall_scattered import alltoall_scattered
@@ -35,6 +36,7 @@ from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_r
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
+from mpiring.algorithms.reduce_scattered import reduce_scattered
 from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
 from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.algorithms.scatter_binomial import scatter_binomial
@@ -43,12 +45,13 @@ from mpiring.algorithms.scatter_ring import scatter_steps
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
     "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial, "linear": broadcast_linear},
-    "reduce": {"ring": reduce_ring, "binomial": reduce_binomial},
+    "reduce": {"ring": reduce_ring, "binomial": reduce_binomial, "scattered": reduce_scattered},
     "allreduce": {
         "ring": allreduce_ring,
         "ring_pipelined": allreduce_ring_pipelined,
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
+        "scattered": allreduce_scattered,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
     "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered},

@@ -24,17 +24,18 @@ from mpiring.ring import Ring
 def gather_linear(
     ring: Ring, backend: NumpyBackend, tag: int, root: int, own: Any, out: Any, bounds: list[int]
 ) -> Steps:
-    """Gather flat `own` blocks into flat `out` at `root` (block of rank k: bounds[k]:bounds[k+1])."""
+    """Gather flat `own` blocks into flat `out` at `root` (block of rank k: bounds[k]:bounds[k+1]);
+    the root's `own` may be None when its block is already in place."""
     r, p = ring.rank, ring.size
     if r != root:
         yield ring.post(backend, tag, sends=[(own, root)])
         return
     others = [(root + k) % p for k in range(1, p)]
-    if not others:
+    if not others and own is not None:
         backend.copy(out[bounds[r] : bounds[r + 1]], own)
     for first in range(0, len(others), WINDOW):
         peers = others[first : first + WINDOW]
         step = ring.post(backend, tag, receives=[(out[bounds[k] : bounds[k + 1]], k) for k in peers])
-        if first == 0:  # the root's own block is copied while the first messages are in flight
+        if first == 0 and own is not None:  # the root's own block is copied while the first messages are in flight
             backend.copy(out[bounds[r] : bounds[r + 1]], own)
         yield step

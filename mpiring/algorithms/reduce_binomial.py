@@ -6,8 +6,10 @@ Every rank but the root sends n bytes once; a rank receives n bytes per child.
 
 A rank posts the receives from all its children at once (one scratch vector each), then
 combines them in a fixed order, lowest relative rank first, so the result's bits do not
-depend on message timing. The first combine reads the rank's own input, and a leaf sends its
-input as it is: no rank copies its input first.
+depend on message timing. The nearest child's vector arrives in the accumulator (the root's
+result) and the first combine reads the rank's own input with it, writing it there: no rank
+copies its input first, and a leaf sends its input as it is. At 2 ranks that is Open MPI's
+linear reduce: receive into the result, reduce the input into it.
 
     8 ranks, root 0: the broadcast tree (binomial.py) upside down
 
@@ -29,20 +31,28 @@ from mpiring.ring import Ring
 def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, out: Any, op: str) -> Steps:
     """Reduce flat `src` over all ranks into flat `out` on `root` (None elsewhere)."""
     tree = BinomialTree(ring.rank, ring.size, root)
-    acc = out if tree.parent is None else src  # a leaf sends its input as it is
-    if tree.children:
-        scratch = backend.empty(len(tree.children) * src.size, src.dtype)
-        parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(len(tree.children))]
-        yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
-                                                                                               strict=True)])
-        if tree.parent is not None:
-            acc = backend.empty(src.size, src.dtype)
-        left = src  # the first combine reads the input itself: no rank copies it first
-        for part in parts:  # children nearest first: the lower relative ranks' data stays on the left
-            backend.combine(op, left, part, acc)
-            left = acc
-    elif acc is not src:  # one rank
-        backend.copy(acc, src)
+    if not tree.children:
+        if tree.parent is None:  # one rank
+            backend.copy(out, src)
+            backend.finish(op, out, ring.size)
+        else:  # a leaf sends its input as it is
+            yield ring.post(backend, tag, sends=[(src, tree.parent)])
+        return
+    # the nearest child's data arrives in the accumulator itself, and is combined there with the
+    # input: one buffer less to write and read back (unless the root reduces in place, out is src)
+    in_place = tree.parent is None and backend.may_share_memory(out, src)
+    acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
+    others = len(tree.children) - (0 if in_place else 1)
+    scratch = backend.empty(others * src.size, src.dtype)
+    parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(others)]
+    if not in_place:
+        parts.insert(0, acc)
+    yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
+                                                                                           strict=True)])
+    left = src  # the first combine reads the input itself: no rank copies it first
+    for part in parts:  # children nearest first: the lower relative ranks' data stays on the left
+        backend.combine(op, left, part, acc)
+        left = acc
     if tree.parent is None:
         backend.finish(op, acc, ring.size)
     else:
