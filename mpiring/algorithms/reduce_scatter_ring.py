@@ -43,6 +43,9 @@ def reduce_scatter_steps(
         backend.finish(op, result, p)
         return
     largest = max(bounds[c + 1] - bounds[c] for c in range(p))
+    # the last partial arrives in the result itself, where its combine writes: one buffer fewer
+    # to write and read back (not when the result is the input's own chunk)
+    into_result = not backend.may_share_memory(result, src)
     with ring.scratch(backend, 2 * largest, src.dtype) as scratch:
         halves = (scratch[:largest], scratch[largest:])
         first = (r - 1) % p
@@ -50,7 +53,7 @@ def reduce_scatter_steps(
         for s in range(p - 1):
             c = (r - s - 2) % p
             lo, hi = bounds[c], bounds[c + 1]
-            incoming = halves[s % 2][: hi - lo]
+            incoming = result if s == p - 2 and into_result else halves[s % 2][: hi - lo]
             yield ring.post(backend, tag, sends=[(outgoing, ring.right)], receives=[(incoming, ring.left)])
             target = result if s == p - 2 else incoming
             backend.combine(op, src[lo:hi], incoming, target)

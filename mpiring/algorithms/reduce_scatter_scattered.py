@@ -6,7 +6,7 @@ Cost: ceil((p-1)/W) alpha + (p-1)/p n beta + (p-1)/p n gamma    (n bytes per ran
 W = WINDOW) - the ring's bytes and reductions. Every message carries input, never a partial
 reduced a moment before (the ring forwards what it has just written: a message whose source
 is still in the sender's cache costs more to copy out of it on one node); the price is scratch
-for p-1 chunks instead of the ring's two.
+for p-2 chunks instead of the ring's two (the first partial arrives in the result).
 
     3 ranks, chunks 0 1 2; "1@2" = chunk 1 of rank 2's input
 
@@ -36,8 +36,12 @@ def reduce_scatter_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: A
         backend.finish(op, result, p)
         return
     size = mine.size
-    with ring.scratch(backend, (p - 1) * size, src.dtype) as scratch:
-        partials = [scratch[(k - 1) * size : k * size] for k in range(1, p)]  # shift k's, from rank r-k
+    # shift 1's partial arrives in the result itself, where the first combine writes: one buffer
+    # fewer to write and read back (not when the result is the input's own chunk)
+    into_result = not backend.may_share_memory(result, src)
+    with ring.scratch(backend, (p - 1 - into_result) * size, src.dtype) as scratch:
+        partials = [result] if into_result else []  # shift k's, from rank r-k, at k-1
+        partials += [scratch[i * size : (i + 1) * size] for i in range(p - 1 - len(partials))]
         for shifts in shift_windows(p, WINDOW):
             yield ring.post(
                 backend, tag,
