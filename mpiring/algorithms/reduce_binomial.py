@@ -4,10 +4,10 @@ Latency-optimal for small messages.
 Cost: ceil(lg p) (alpha + n beta + n gamma)      (n bytes per rank, p ranks)
 Every rank but the root sends n bytes once; a rank receives n bytes per child.
 
-A rank posts the receives from all its children at once (one scratch vector each), then
-combines them in a fixed order, lowest relative rank first, so the result's bits do not
-depend on message timing. The nearest child's vector arrives in the accumulator (the root's
-result) and the first combine reads the rank's own input with it, writing it there: no rank
+A rank posts the receives from all its children at once, then combines them in a fixed order,
+lowest relative rank first, so the result's bits do not depend on message timing. The nearest
+child's vector arrives in the accumulator (at the root, the result) and the first combine
+reads the rank's own input with it, writing it there; the others arrive in scratch. No rank
 copies its input first, and a leaf sends its input as it is. At 2 ranks that is Open MPI's
 linear reduce: receive into the result, reduce the input into it.
 

@@ -3,7 +3,7 @@ all at once): every rank sends chunk k of its input straight to rank k and reduc
 of its own chunk (mpiring.algorithms.reduce_scatter_scattered), then every rank sends its
 reduced chunk straight to the root (mpiring.algorithms.gather_linear).
 
-Cost: (ceil((p-1)/W) + ceil((p-1)/W)) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
+Cost: 2 ceil((p-1)/W) alpha + 2(p-1)/p n beta + (p-1)/p n gamma
 (n bytes per rank, p ranks, W = WINDOW) - the ring reduce's bytes and reductions in two rounds
 of messages instead of 2(p-1). The root reduces only its own chunk (the binomial tree's root
 reduces n bytes per child) and receives (p-1)/p n bytes; no message is forwarded.
