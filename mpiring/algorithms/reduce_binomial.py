@@ -42,11 +42,10 @@ def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src:
     # input: one buffer less to write and read back (unless the root reduces in place, out is src)
     in_place = tree.parent is None and backend.may_share_memory(out, src)
     acc = out if tree.parent is None else backend.empty(src.size, src.dtype)
-    others = len(tree.children) - (0 if in_place else 1)
+    parts = [] if in_place else [acc]
+    others = len(tree.children) - len(parts)
     scratch = backend.empty(others * src.size, src.dtype)
-    parts = [scratch[i * src.size : (i + 1) * src.size] for i in range(others)]
-    if not in_place:
-        parts.insert(0, acc)
+    parts += [scratch[i * src.size : (i + 1) * src.size] for i in range(others)]
     yield ring.post(backend, tag, receives=[(part, child) for part, (child, _, _) in zip(parts, tree.children,
                                                                                            strict=True)])
     left = src  # the first combine reads the input itself: no rank copies it first

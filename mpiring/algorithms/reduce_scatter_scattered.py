@@ -38,10 +38,10 @@ def reduce_scatter_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: A
     size = mine.size
     # shift 1's partial arrives in the result itself, where the first combine writes: one buffer
     # fewer to write and read back (not when the result is the input's own chunk)
-    into_result = not backend.may_share_memory(result, src)
-    with ring.scratch(backend, (p - 1 - into_result) * size, src.dtype) as scratch:
-        partials = [result] if into_result else []  # shift k's, from rank r-k, at k-1
-        partials += [scratch[i * size : (i + 1) * size] for i in range(p - 1 - len(partials))]
+    partials = [] if backend.may_share_memory(result, src) else [result]  # shift k's, from rank r-k, at k-1
+    others = p - 1 - len(partials)
+    with ring.scratch(backend, others * size, src.dtype) as scratch:
+        partials += [scratch[i * size : (i + 1) * size] for i in range(others)]
         for shifts in shift_windows(p, WINDOW):
             yield ring.post(
                 backend, tag,
