@@ -28,6 +28,7 @@ from mpiring.errors import (  # noqa: E402
     MpiringError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
+from mpiring.host_memory import empty  # noqa: E402
 from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PROD, SUM  # noqa: E402
 
 # The composition root: the core finds a device array's backend through this hook and never
@@ -41,5 +42,5 @@ __all__ = [
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
     "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError",
     "MessageMismatchError", "MpiringError",
-    "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness",
+    "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness", "empty",
 ]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy
 from mpi4py import MPI
 
+from mpiring import host_memory
 from mpiring.ops import AVG, UFUNC_NAMES
 
 # The dtypes every collective accepts: bool, signed and unsigned ints, float16/32/64, complex64/128;
@@ -88,7 +89,7 @@ class NumpyBackend:
         return numpy.asarray(x)
 
     def empty(self, shape: int | tuple[int, ...], dtype: numpy.dtype) -> numpy.ndarray:
-        return numpy.empty(shape, dtype=dtype)
+        return host_memory.empty(shape, dtype, huge_from=host_memory.OWN_HUGE_FROM_BYTES)
 
     def flat(self, x: numpy.ndarray) -> numpy.ndarray:
         """A 1-D view of a C-contiguous array (a copy only if it is not contiguous)."""

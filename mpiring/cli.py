@@ -17,6 +17,7 @@ def _info() -> int:
     from mpi4py import MPI
 
     import mpiring
+    from mpiring import host_memory
     from mpiring.engine import compiled
     from mpiring.launch import check_world_size
 
@@ -41,6 +42,7 @@ def _info() -> int:
           f"thread level {levels.get(MPI.Query_thread(), MPI.Query_thread())}")
     print("\n".join(gpu_lines))
     print(f"planned calls replay {compiled.describe()}")
+    print(f"large host arrays mpiring makes (mpiring.empty): {host_memory.describe()}")
     print(f"world size: {comm.Get_size()}")
     print("\n".join(rows))
     return 0

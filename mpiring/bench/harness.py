@@ -121,14 +121,14 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
     host = None if n_in is None else input_values(n_in, setup.rank, dtype, setup.op, row.reduces)
     x = None if host is None else device.put(device.xp, host)
     if row.in_place:
-        native = device.put(device.native_xp, host.copy())
+        native = device.put(device.native_xp, host)
         return Buffers(x=x, ours=x, native_x=native, native=native)
     native_x = x if device.native_xp is device.xp or host is None else device.put(device.native_xp, host)
     return Buffers(
         x=x,
-        ours=None if n_out is None else device.xp.empty(n_out, dtype),
+        ours=None if n_out is None else device.empty(device.xp, n_out, dtype),
         native_x=native_x,
-        native=None if n_out is None else device.native_xp.empty(n_out, dtype),
+        native=None if n_out is None else device.empty(device.native_xp, n_out, dtype),
         counts=(count,) * setup.size,
     )
 

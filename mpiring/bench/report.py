@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from mpi4py import MPI
 
+from mpiring import host_memory
 from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.harness import Result
@@ -111,6 +112,7 @@ def metadata(options: Options, world: MPI.Intracomm, device: Device) -> dict[str
         "load_average": list(os.getloadavg()),
         "device": device.name,
         "native_buffers": device.note,
+        "host_pages": host_memory.describe(),
         "statistic": timing.describe(options.iters, options.reps, options.warmup)
         + (f"; calls cycle through {options.rotate} buffer sets" if options.rotate > 1 else ""),
         "options": {
@@ -144,6 +146,7 @@ def preamble(meta: dict[str, Any]) -> str:
         f"# MPI: {meta['mpi_library']}  ranks {meta['ranks']}  hosts {','.join(meta['hosts'])}  "
         f"cpu {meta['cpu_model']} x{meta['nproc']}",
         f"# {meta['statistic']}",
+        f"# host buffers, mpiring's and the MPI library's alike: {meta['host_pages']}",
         "# algbw = S/time, busbw = algbw * bus factor (nccl-tests); ratio = native time / mpiring time "
         "(> 1: mpiring faster);",
         "# ceiling = the messages of mpiring's plan alone, without its arithmetic (unplanned device calls: the "
