@@ -30,10 +30,10 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     # carry n bytes p-1 times, and gather's and scatter's p-1 messages meet at the root.
     "broadcast": [(8, None, "linear"), (None, 4 << 20, "binomial"), (None, None, "ring")],
     # at 2 ranks the tree is one message of the input, received into the result (Open MPI's own
-    # reduce); at 4 and 8 ranks, above 64 KiB, a reduce-scatter and a gather with every message
-    # in flight at once (scattered) beat it with both wheels, and the ring lost at every size (it
-    # forwards partials it has just written)
-    "reduce": [(2, None, "binomial"), (None, 64 << 10, "binomial"), (8, None, "scattered"),
+    # reduce); at 4 and 8 ranks, above 256 KiB, a reduce-scatter and a gather with every message
+    # in flight at once (scattered) tie or beat it with both wheels (at 128-256 KiB the tree won
+    # by up to 1.8x once buffers had 2 MiB pages), and the ring lost at every size
+    "reduce": [(2, None, "binomial"), (None, 256 << 10, "binomial"), (8, None, "scattered"),
                (None, 1 << 20, "binomial"), (None, None, "ring")],
     # above 64 KiB at up to 8 ranks, both halves with every message in flight at once (scattered)
     # beat the ring and Rabenseifner at 4 and 8 ranks with both wheels, up to 2.3x at 1 MiB; at 2

@@ -60,7 +60,8 @@ def test_auto_picks_by_size_and_world_size():
     assert choose("broadcast", "auto", 1 << 30, 8) == "linear"
     assert [choose("reduce", "auto", 1 << 20, p) for p in (2, 4, 8, 9)] == ["binomial", "scattered", "scattered",
                                                                           "binomial"]
-    assert [choose("reduce", "auto", 64 << 10, p) for p in (2, 4)] == ["binomial", "binomial"]
+    assert [choose("reduce", "auto", 256 << 10, p) for p in (2, 4, 8)] == ["binomial"] * 3
+    assert [choose("reduce", "auto", (256 << 10) + 4, p) for p in (2, 4, 8)] == ["binomial", "scattered", "scattered"]
     assert choose("scan", "auto", 8, 16) == "recursive_doubling"
     assert choose("scan", "auto", 1 << 20, 16) == "ring"
 
