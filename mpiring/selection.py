@@ -50,9 +50,8 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
     "scatter": [(8, None, "linear"), (None, None, "binomial")],
     # every input chunk straight to its owner, all at once (scattered), beat the ring and
-    # recursive halving from 128 KiB up at 4 ranks with both wheels (the ring forwards partials
-    # it has just written, which cost more to copy out on one node); at 8 ranks it was within
-    # the runs' noise of the best
+    # recursive halving from 128 KiB up at 4 ranks with both wheels (and still did with 2 MiB
+    # pages: 2 MiB 288 us against the ring's 1140); at 8 ranks it was within the runs' noise
     "reduce_scatter": [(None, 128 << 10, "recursive_halving"), (8, None, "scattered"),
                        (None, 1 << 20, "recursive_halving"), (None, None, "ring")],
     "barrier": [(None, None, "dissemination")],

@@ -3,10 +3,10 @@ its input straight to rank k and receives its own chunk from every other rank, a
 peers per step, then reduces the p partials of its chunk in a fixed order.
 
 Cost: ceil((p-1)/W) alpha + (p-1)/p n beta + (p-1)/p n gamma    (n bytes per rank, p ranks,
-W = WINDOW) - the ring's bytes and reductions. Every message carries input, never a partial
-reduced a moment before (the ring forwards what it has just written: a message whose source
-is still in the sender's cache costs more to copy out of it on one node); the price is scratch
-for p-2 chunks instead of the ring's two (the first partial arrives in the result).
+W = WINDOW) - the ring's bytes and reductions, in one round instead of p-1 dependent steps.
+Every message carries input, never a partial reduced a moment before (docs/algorithms.md has
+what that was measured to cost); the price is scratch for p-2 chunks instead of the ring's two
+(the first partial arrives in the result).
 
     3 ranks, chunks 0 1 2; "1@2" = chunk 1 of rank 2's input
 
