@@ -239,11 +239,13 @@ SCRIPTS = [
     ("measure_call_cost.py", ["--rounds", "2", "--calls", "3"], timing.describe(3, 2, 20)),
     ("measure_reliability_costs.py", ["--iterations", "3", "--repeats", "2", "--late", "0.01"],
      timing.describe(3, 2, 10)),
+    *[("measure_fresh_input.py", ["--collective", name, "--sizes", "4K", "--iters", "3", "--rounds", "2"],
+       timing.describe(3, 2, 3)) for name in ("allreduce", "reduce_scatter", "reduce")],
 ]
 
 
 @needs_mpirun
-@pytest.mark.parametrize("script, args, statistic", SCRIPTS, ids=[s for s, _, _ in SCRIPTS])
+@pytest.mark.parametrize("script, args, statistic", SCRIPTS, ids=[" ".join([s, *a[:2]]) for s, a, _ in SCRIPTS])
 def test_measurement_scripts_run_and_name_the_statistic(script, args, statistic, tmp_path):
     env = mpirun_env(MPI_TIMEOUT)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))  # this tree's mpiring
