@@ -11,7 +11,8 @@ this times, for the MPI library's own call and for every mpiring algorithm of th
 - stale: the call alone;
 - fresh: `x` rewritten from a copy (np.copyto), then the call; the rewrite alone is timed too
   and subtracted.
-Timed by mpiring.bench.timing (every contender in every round). It decides nothing itself.
+Timed by mpiring.bench.timing, one contender at a time rather than interleaved: on this VM
+what ran just before changes these numbers (docs/benchmarks.md). It decides nothing itself.
 """
 
 from __future__ import annotations
@@ -29,19 +30,19 @@ from mpiring.bench import timing
 from mpiring.bench.options import format_bytes, parse_bytes
 from mpiring.bench.report import mpi_library_name
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "reduce")
+# the MPI library's own call for each collective measured, on (comm, x, out)
+NATIVE: dict[str, Callable[[MPI.Intracomm, np.ndarray, np.ndarray], object]] = {
+    "allreduce": lambda comm, x, out: comm.Allreduce(x, out, MPI.SUM),
+    "reduce_scatter": lambda comm, x, out: comm.Reduce_scatter_block(x, out, MPI.SUM),
+    "reduce": lambda comm, x, out: comm.Reduce(x, out, MPI.SUM, 0),
+}
 
 
 def calls_for(collective: str, comm: MPI.Intracomm, ours: mpiring.Communicator, x: np.ndarray,
               out: np.ndarray) -> dict[str, Callable[[], object]]:
     """The MPI library's call, then one per mpiring algorithm, all on the same buffers."""
-    native = {
-        "allreduce": lambda: comm.Allreduce(x, out, MPI.SUM),
-        "reduce_scatter": lambda: comm.Reduce_scatter_block(x, out, MPI.SUM),
-        "reduce": lambda: comm.Reduce(x, out, MPI.SUM, 0),
-    }[collective]
     method = getattr(ours, collective)
-    calls: dict[str, Callable[[], object]] = {"native": native}
+    calls: dict[str, Callable[[], object]] = {"native": partial(NATIVE[collective], comm, x, out)}
     for algorithm in ALGORITHMS[collective]:
         calls[algorithm] = lambda a=algorithm: method(x, out=out, algorithm=a)
     return calls
@@ -49,7 +50,7 @@ def calls_for(collective: str, comm: MPI.Intracomm, ours: mpiring.Communicator, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--collective", choices=COLLECTIVES, default="allreduce")
+    parser.add_argument("--collective", choices=list(NATIVE), default="allreduce")
     parser.add_argument("--sizes", nargs="+", default=["64K", "256K", "1M", "4M", "16M", "64M"])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
@@ -68,12 +69,10 @@ def main() -> None:
         out = mpiring.empty(count // comm.size if args.collective == "reduce_scatter" else count, np.float32)
         out.fill(0)  # first touch outside the timed calls
         rewrite = partial(np.copyto, x, source)
-
         calls = calls_for(args.collective, comm, ours, x, out)
         contenders: list[Callable[[], object]] = [rewrite]
         for call in calls.values():
             contenders += [call, lambda c=call, w=rewrite: (w(), c())]
-        # One contender at a time, not interleaved: what ran just before changes these numbers.
         timings = [timing.time_calls(comm, [c], iters=args.iters, reps=args.rounds, warmup=3)[0].avg * 1e6
                    for c in contenders]
         if comm.rank == 0:
