@@ -60,6 +60,7 @@ class Backend(Protocol):
     xp: Any
     staged: bool  # True: Ring.post hands the step to post_staged instead of giving buffers to MPI
     plannable: bool  # whether repeated calls may be recorded as plans (a staged one records its steps: record_step)
+    host_bytes: int  # a device backend's calls of at most this many bytes may run_on_host(x, out, call); 0: none
 
     def is_array(self, x: Any) -> bool: ...
     def asarray(self, x: Any) -> Any: ...
@@ -81,6 +82,7 @@ class NumpyBackend:
     xp = numpy
     staged = False
     plannable = True
+    host_bytes = 0  # already there
 
     def is_array(self, x: Any) -> bool:
         return isinstance(x, numpy.ndarray)

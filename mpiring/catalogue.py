@@ -55,3 +55,5 @@ REDUCING = tuple(e.name for e in CATALOGUE.values() if e.reduces)
 ROOTED = tuple(e.name for e in CATALOGUE.values() if e.rooted)
 JOINING = tuple(e.name for e in CATALOGUE.values() if e.joins_rows)
 WITHOUT_DATA = tuple(e.name for e in CATALOGUE.values() if not e.has_data)
+# every rank passes an x of one shape: its size alone may decide a route every rank takes alike
+SAME_SIZE_EVERYWHERE = frozenset(e.name for e in CATALOGUE.values() if e.has_data and not e.joins_rows)

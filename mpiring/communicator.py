@@ -21,6 +21,7 @@ from mpi4py import MPI
 from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
+from mpiring.catalogue import SAME_SIZE_EVERYWHERE
 from mpiring.engine import compiled
 from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_plan, run_plan, run_to_end
 from mpiring.engine.partition import row_bounds
@@ -240,6 +241,11 @@ class Communicator(BufferAPI):
 
     def _blocking_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
                             algorithm: Any, timeout: Any) -> Any:
+        if x.__class__ is not _NDARRAY and x is not None and collective in SAME_SIZE_EVERYWHERE:
+            backend = backend_for(x)
+            if backend.host_bytes and _fits_on_host(backend, x, out):
+                return backend.run_on_host(x, out, lambda host_x, host_out: self._blocking(
+                    collective, host_x, host_out, op, root, counts, algorithm, timeout))
         ring = self._ring
         plans = self._plans.table
         try:
@@ -735,6 +741,13 @@ def _key(counts: Any) -> Any:
         return None if counts is None else tuple(counts)
     except TypeError:
         return counts
+
+
+def _fits_on_host(backend: Any, x: Any, out: Any) -> bool:
+    """Whether a small device call may run on host copies (Backend.run_on_host): x and out (if
+    given) are the backend's own arrays, out contiguous so the result lands in it, and x small."""
+    return (backend.is_array(x) and x.nbytes <= backend.host_bytes
+            and (out is None or (backend.is_array(out) and out.flags.c_contiguous)))
 
 
 def _plannable(backend: Any, x: Any) -> bool:

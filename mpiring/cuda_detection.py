@@ -43,6 +43,7 @@ class CudaAwareness:
 
     aware: bool
     how: str
+    settled: bool = True  # False while MPI is not initialized: the library is asked again later
 
     def __bool__(self) -> bool:
         return self.aware
@@ -67,7 +68,7 @@ def cuda_awareness() -> CudaAwareness:
     if _library_answer is None:
         answer = _ask_loaded_library()
         if answer is None:  # MPI not running yet: say so, and ask again next time
-            return CudaAwareness(False, "MPI is not initialized, so the library could not be asked")
+            return CudaAwareness(False, "MPI is not initialized, so the library could not be asked", settled=False)
         _library_answer = answer
     return _library_answer
 

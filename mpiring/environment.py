@@ -8,6 +8,8 @@
     MPIRING_CUDA_AWARE         yes/no            a device buffer's first use  device pointers may go to MPI
     MPIRING_GPU_IPC            yes/no            a device buffer's first use  node-local device buffers by CUDA IPC
     MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
+    MPIRING_GPU_HOST_BYTES     integer >= 0      a device backend is made     largest device message run on host
+                                                                               copies (mpiring.gpu.host_route; 0: none)
     MPIRING_SCRATCH_BYTES      positive integer  a Communicator is made       most scratch bytes kept for reuse
     MPIRING_INFLIGHT_BYTES     positive integer  a Communicator is made       most bytes nonblocking calls hold
     MPIRING_COMPILED           yes/no            a plan is built              0: replay it in Python, not in C
@@ -69,13 +71,23 @@ def seconds(name: str, what: str) -> float | None:
 
 def positive_int(name: str, what: str) -> int | None:
     """A positive integer; None when unset or empty."""
+    return _count(name, what, 1)
+
+
+def count(name: str, what: str) -> int | None:
+    """An integer >= 0; None when unset or empty."""
+    return _count(name, what, 0)
+
+
+def _count(name: str, what: str, least: int) -> int | None:
     value = text(name)
     if not value:
         return None
     try:
         number = int(value)
     except ValueError:
-        number = 0
-    if number < 1:
-        raise ArgumentError(what, name, f"must be a positive number of bytes, got {value!r}")
+        number = least - 1
+    if number < least:
+        kind = "positive" if least else "non-negative"
+        raise ArgumentError(what, name, f"must be a {kind} number of bytes, got {value!r}")
     return number

@@ -2,8 +2,8 @@
 """Device-buffer benchmark runs of several paths side by side: one figure, one panel per
 collective, busbw against size per path and for the MPI library's own call; and a Markdown table.
 
-    python scripts/plot_gpu_paths.py --plot docs/gpu/paths.png \
-        ipc=docs/gpu/bench-ipc-*.json staged=docs/gpu/bench-staged-*.json
+    python scripts/plot_gpu_paths.py --plot paths.png \
+        ipc=results/gpu/bench-ipc-*.json staged=results/gpu/bench-staged-*.json
 
 Each LABEL=FILES argument names a path and the `mpiring.bench --json` files of its runs (one per
 collective). The native column is taken from the first label's runs.

@@ -113,6 +113,18 @@ class FakeEngine:
         self._pending_h2d.append(fence)
         return fence
 
+    def fetch(self, host: numpy.ndarray, device: Any) -> None:
+        # on the compute stream, waited for: the fake's kernels ran already, so the bytes are final
+        host[:] = numpy.asarray(device).reshape(-1).view(numpy.uint8)[: host.nbytes]
+        self.log.append(("fetch", host.nbytes))
+
+    def put(self, device: Any, host: numpy.ndarray) -> _Fence:
+        # on the compute stream: the fake's later kernels run after it, so it lands now; the host
+        # learns that its bytes may be reused only when the fence is seen done
+        numpy.asarray(device).reshape(-1).view(numpy.uint8)[: host.nbytes] = host
+        self.log.append(("put", host.nbytes))
+        return _Fence(self.delay)
+
     def done(self, fence: _Fence | None) -> bool:
         if fence is None or fence.done:
             return True
@@ -255,11 +267,13 @@ class RecordingComm:
         return getattr(self._comm, name)
 
 
-def staged_backend(log: list, delay: int = 2, segment_bytes: int = 64) -> StagedCupyBackend:
-    """A staged backend over fake device memory; small segments so short messages pipeline."""
+def staged_backend(log: list, delay: int = 2, segment_bytes: int = 64, host_bytes: int = 0) -> StagedCupyBackend:
+    """A staged backend over fake device memory; small segments so short messages pipeline.
+    Small calls take the device path unless `host_bytes` sends them through host copies."""
     engine = FakeEngine(log, delay)
     pool = PinnedPool(engine.pinned, engine.done)
-    return StagedCupyBackend(fake_xp(log), contextlib.nullcontext(), engine, pool, segment_bytes)
+    return StagedCupyBackend(fake_xp(log), contextlib.nullcontext(), engine, pool, segment_bytes,
+                             host_bytes=host_bytes)
 
 
 def direct_backend(log: list) -> CupyBackend:
@@ -267,10 +281,11 @@ def direct_backend(log: list) -> CupyBackend:
     return CupyBackend(fake_xp(log), contextlib.nullcontext(), FakeEngine(log))
 
 
-def ipc_backend(log: list, delay: int = 2) -> IpcCupyBackend:
+def ipc_backend(log: list, delay: int = 2, host_bytes: int = 0) -> IpcCupyBackend:
     """An IPC backend over fake device memory; its fallback (other nodes) is the staged backend."""
     engine = FakeIpcEngine(log, delay)
-    return IpcCupyBackend(fake_xp(log), contextlib.nullcontext(), engine, staged_backend(log, delay))
+    return IpcCupyBackend(fake_xp(log), contextlib.nullcontext(), engine, staged_backend(log, delay),
+                          host_bytes=host_bytes)
 
 
 def on_host(x: Any) -> numpy.ndarray:

@@ -213,6 +213,34 @@ def test_repeated_calls_on_the_same_buffers(gcomm, path):
     assert planned == device_backend(x).plannable, f"{path}: planned {planned}"
 
 
+def test_small_calls_on_host_copies(gcomm, path):
+    """A small call on the staged or IPC path runs on pinned host copies (mpiring.gpu.host_route):
+    it reads what kernels queued just before it wrote, on the default stream and on a stream the
+    caller made current, later kernels see its result, and a repeated call replays a host plan."""
+    from mpiring.gpu import device_backend
+
+    for stream in (None, cupy.cuda.Stream(non_blocking=True)):
+        with stream if stream is not None else cupy.cuda.Stream.null:
+            x = cupy.empty(1000, dtype=cupy.float32)
+            out = cupy.empty_like(x)
+            for call in range(4):
+                x.fill(RANK + call)
+                for _ in range(20):  # a queue of kernels ahead of the collective
+                    x *= 1.0
+                assert gcomm.allreduce(x, out=out) is out
+                doubled = out * 2  # queued after the collective on the same stream
+                want = float(sum(rank + call for rank in range(N)))
+                assert bool((doubled == 2 * want).all()), f"{path} call {call}"
+    backend = device_backend(x)
+    if backend.path == "direct":
+        assert backend.host_bytes == 0
+    if backend.host_bytes < x.nbytes:  # direct, or the route turned off (MPIRING_GPU_HOST_BYTES=0)
+        return
+    twins = backend._host_route._twins
+    host_x, host_out = (twins[(role, (1000,), np.dtype(np.float32))][0] for role in ("x", "out"))
+    assert gcomm.plan_of("allreduce", host_x, host_out) is not None
+
+
 def test_nonblocking(gcomm, path):
     inputs = all_inputs(3, N, 5000, np.float32)
     requests = [gcomm.iallreduce(dev(inputs[RANK]), op=op) for op in ("sum", "max")]

@@ -17,10 +17,12 @@ MPIRING_DEBUG=1 says once per device and path which path device buffers take, an
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from mpiring import environment
+from mpiring.cuda_detection import ENV as CUDA_AWARE_ENV
 from mpiring.cuda_detection import CudaAwareness, cuda_aware, cuda_awareness, parse_override
 from mpiring.gpu.binding import bind_device
 
@@ -28,7 +30,8 @@ __all__ = ["bind_device", "cuda_aware", "cuda_awareness", "device_backend", "ipc
 
 IPC_ENV = "MPIRING_GPU_IPC"
 
-_backends: dict[tuple[int, str, bool], Any] = {}
+# (device, path, ipc) -> its backend; ("chosen", device, the two variables' raw text) -> the choice
+_backends: dict[tuple, Any] = {}
 
 
 def ipc_enabled(awareness: CudaAwareness) -> bool:
@@ -49,11 +52,16 @@ def device_backend(x: Any) -> Any:
     Where IPC is on (`ipc_enabled`), the backend is an IPC backend wrapping that one:
     communicators whose ranks share a node take the IPC path, others the MPI path.
 
-    The answers are re-read on every call (the environment overrides can change between calls, as
-    the tests do); the backends, their streams and pools are made once and kept.
+    The environment overrides are re-read on every call (they can change between calls, as the
+    tests do), but only as raw text: the choice for the same text is remembered once MPI has
+    answered. The backends, their streams and pools are made once and kept.
     """
-    awareness = cuda_awareness()
     device_id = int(x.device.id)
+    remembered = ("chosen", device_id, os.environ.get(CUDA_AWARE_ENV), os.environ.get(IPC_ENV))
+    backend = _backends.get(remembered)
+    if backend is not None:
+        return backend
+    awareness = cuda_awareness()
     path = path_for(awareness)
     ipc = ipc_enabled(awareness)
     backend = _backends.get((device_id, path, ipc))
@@ -63,6 +71,8 @@ def device_backend(x: Any) -> Any:
             backend = _make_ipc_backend(device_id, backend)
         _backends[(device_id, path, ipc)] = backend
         announce(device_id, backend, awareness)
+    if awareness.settled:
+        _backends[remembered] = backend
     return backend
 
 

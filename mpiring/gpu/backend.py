@@ -9,8 +9,10 @@
   CUDA IPC, device to device, and MPI carries only descriptors (mpiring.gpu.ipc); elsewhere it
   hands each step to the direct or staged backend it wraps.
 
-Either way the reductions run on the device, in place, as CuPy elementwise kernels: one kernel
-per combine (out = a op b), none on the host. Results are CuPy arrays on the input's device.
+The reductions run on the device, in place, as CuPy elementwise kernels: one kernel per combine
+(out = a op b). The exception: on the staged and IPC paths a small call whose message has the
+same size on every rank runs on pinned host copies instead (`host_bytes`, mpiring.gpu.host_route).
+Results are CuPy arrays on the input's device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy
 from mpi4py import MPI
 
 from mpiring.engine.transport import Step
+from mpiring.gpu.host_route import HostRoute, host_bytes_from_env
 from mpiring.gpu.ipc import IpcEngine, IpcTransfer
 from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, record_staged_step, segment_bytes_from_env
 from mpiring.ops import AVG, UFUNC_NAMES
@@ -38,6 +41,7 @@ class CupyBackend:
     staged = False
     path = "direct"
     plannable = True  # a repeated call may be recorded as a plan (mpiring.engine.plan)
+    host_bytes = 0  # calls moving at most this many bytes run on host copies (run_on_host); 0: none
 
     def __init__(self, xp: Any, device: AbstractContextManager, engine: CopyEngine, name: str = "cupy") -> None:
         # The name also keys the Ring's reusable scratch buffers, so it names the GPU: a buffer
@@ -46,6 +50,17 @@ class CupyBackend:
         self.xp = xp  # cupy (or a test double with the same calls)
         self.device = device  # entering it makes this GPU current: kernels run where the data is
         self.engine = engine
+        self._host_route: HostRoute | None = None
+
+    def _route_through_host(self, host_bytes: int | None) -> None:
+        self._host_route = HostRoute(self, host_bytes_from_env() if host_bytes is None else host_bytes)
+        self.host_bytes = self._host_route.limit_bytes
+
+    def run_on_host(self, x: Any, out: Any, call: Any) -> Any:
+        """`call(host_x, host_out)` on pinned copies of `x` and `out`, its result copied back
+        (mpiring.gpu.host_route): for a call of at most `host_bytes` bytes on every rank."""
+        with self.device:
+            return self._host_route.run(x, out, call)
 
     def is_array(self, x: Any) -> bool:
         return isinstance(x, self.xp.ndarray)
@@ -136,11 +151,12 @@ class StagedCupyBackend(_SelfPostingBackend):
 
     def __init__(
         self, xp: Any, device: AbstractContextManager, engine: CopyEngine, pool: PinnedPool | None = None,
-        segment_bytes: int | None = None, name: str = "cupy",
+        segment_bytes: int | None = None, name: str = "cupy", host_bytes: int | None = None,
     ) -> None:
         super().__init__(xp, device, engine, name)
         self.pool = pool if pool is not None else PinnedPool(engine.pinned, engine.done)
         self.segment_bytes = segment_bytes if segment_bytes is not None else segment_bytes_from_env()
+        self._route_through_host(host_bytes)
 
     def _transfer(self, ring: Ring, tag: int, step: Step) -> StagedTransfer:
         return StagedTransfer(ring.comm, self.engine, self.pool, tag, step, self.segment_bytes)
@@ -165,10 +181,11 @@ class IpcCupyBackend(_SelfPostingBackend):
 
     def __init__(
         self, xp: Any, device: AbstractContextManager, engine: IpcEngine, fallback: CupyBackend,
-        pool: PinnedPool | None = None, name: str = "cupy",
+        pool: PinnedPool | None = None, name: str = "cupy", host_bytes: int | None = None,
     ) -> None:
         super().__init__(xp, device, engine, name)
         self.fallback = fallback
+        self._route_through_host(host_bytes)
         # device blocks other ranks open by handle; reused once the receiver acknowledged its copy
         self.pool = pool if pool is not None else PinnedPool(engine.ipc_block, lambda fence: True)
 

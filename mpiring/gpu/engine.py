@@ -60,6 +60,24 @@ class CupyCopyEngine:
             )
             return self._event(self._h2d)
 
+    def fetch(self, host: numpy.ndarray, device: Any) -> None:
+        """Copy flat `device` into `host` on the compute stream, after the kernels queued there,
+        and wait for it: one stream, no events (mpiring.gpu.host_route's small calls)."""
+        with self.device:
+            stream = self._compute()
+            self._runtime.memcpyAsync(host.ctypes.data, device.data.ptr, host.nbytes,
+                                      self._runtime.memcpyDeviceToHost, stream.ptr)
+            stream.synchronize()
+
+    def put(self, device: Any, host: numpy.ndarray) -> Any:
+        """Queue a copy of `host` into flat `device` on the compute stream, so later kernels see
+        it; the fence says when `host` may be written again."""
+        with self.device:
+            stream = self._compute()
+            self._runtime.memcpyAsync(device.data.ptr, host.ctypes.data, host.nbytes,
+                                      self._runtime.memcpyHostToDevice, stream.ptr)
+            return self._event(stream)
+
     def done(self, fence: Any) -> bool:
         return fence is None or fence.done
 

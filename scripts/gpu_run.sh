@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# One GPU session: what the lent GPU machine has, the GPU tests, the goals, the benchmark and the
-# training demo on device buffers, and (in the background) a CUDA-aware Open MPI for the direct
-# path. Run from the repository root on a GPU machine that has CuPy and Python 3.12:
+# Everything mpiring measures and tests on a GPU machine, in phases: the machine's facts, the GPU
+# tests, the bandwidth check, small-call latency and its profile, the host-copies crossover, the
+# benchmark and the training demo on device buffers, and a CUDA-aware Open MPI for the direct path
+# (built in the background). Run from the repository root on a machine with CuPy and Python 3.12:
 #
-#   OUT=results/gpu bash scripts/gpu_session.sh [phase ...]      # phases: see the bottom; default all
+#   OUT=results/gpu bash scripts/gpu_run.sh [phase ...]      # phases: see the bottom; default all
 #
-# Needs, carried in the repository root (see docs/gpu.md, "On a GPU: commands"):
+# Needs, in the repository root (docs/gpu.md, "Reproducing"):
 #   .whl/      mpich, mpi4py and pytest-mpi wheels for Python 3.12
 #   .gpu-src/  openmpi_*.orig.tar.xz (Debian's source of Open MPI) and mpi4py-*.tar.gz, for "ompi"
+# "mps" starts the CUDA MPS daemon: ranks sharing one GPU then run their kernels side by side
+# instead of time-slicing the GPU (docs/gpu.md, "Several ranks on one GPU"); start it first.
 # Writes every log under $OUT (packed into $OUT/logs.tgz at the end); prints a short summary last.
 # Each phase has its own time limit, and the whole run stops starting phases past $DEADLINE
-# seconds (default 560). DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES pick the world sizes of "direct",
-# GPUTEST_SIZES those of "gputests" (default 1 2 4). "repeat4" (MPICH) and "ompi4" (the CUDA-aware
-# Open MPI; needs "ompi" first in the same call) run the GPU tests at 4 ranks again and again:
-# MPICH_REPEATS / OMPI_REPEATS times at most (default 5 / 3), within REPEAT4_LIMIT / OMPI4_LIMIT s.
-# What it found on an H100, and the exact calls made: docs/gpu.md.
+# seconds (default 560). Knobs: GPUTEST_SIZES (world sizes of "gputests", default 1 2 4);
+# CHECK_ARGS (extra flags of "check2"/"check4"); CROSSOVER_RANKS, CROSSOVER_IPC,
+# CROSSOVER_HOST_BYTES, CROSSOVER_SIZES ("crossover"); TRAIN_SIZES, TRAIN_STRATEGIES ("train");
+# DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES ("direct"). "repeat4" (MPICH) and "ompi4" (the
+# CUDA-aware Open MPI; needs "ompi" first in the same call) run the GPU tests at 4 ranks again and
+# again: MPICH_REPEATS / OMPI_REPEATS times at most (default 5 / 3), within REPEAT4_LIMIT /
+# OMPI4_LIMIT seconds.
 set -uo pipefail
 OUT=${OUT:-results/gpu}
 DEADLINE=${DEADLINE:-560}
 mkdir -p "$OUT"; export OUT
 START=$SECONDS
-GPU_TESTS="tests/test_gpu.py tests/test_gpu_path_selection.py tests/test_gpu_ipc.py"
+GPU_TESTS="tests/test_gpu.py tests/test_gpu_path_selection.py tests/test_gpu_ipc.py tests/test_gpu_host_route.py"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -73,7 +78,7 @@ facts() {
 # Open MPI from Debian's source, configured with CUDA (smcuda: device buffers by CUDA IPC within a
 # node), then mpi4py built against it. Runs in the background; "direct" waits for it.
 build_ompi() {
-    if [ -f .gpu-src/ompi-install.tar.xz ]; then   # built by an earlier session
+    if [ -f .gpu-src/ompi-install.tar.xz ]; then   # built by an earlier run of this phase
         tar xJf .gpu-src/ompi-install.tar.xz -C /tmp && echo OMPI_BUILT && return 0
     fi
     local cuda; cuda=$(dirname "$(dirname "$(readlink -f "$(which nvcc)")")")
@@ -87,7 +92,7 @@ build_ompi() {
     make install > install.log 2>&1 || { tail -20 install.log; return 1; }
     /tmp/ompi/bin/ompi_info --parsable --all | grep -i "mpi_built_with_cuda_support:value"
     echo OMPI_BUILT
-    tar cf - -C /tmp ompi | xz -T8 -3 > "$OUT/ompi-install.tar.xz"   # carry it to the next session
+    tar cf - -C /tmp ompi | xz -T8 -3 > "$OUT/ompi-install.tar.xz"   # carry it to the next run
 }
 
 with_ompi() {
@@ -148,16 +153,23 @@ run_phases() {
                     > "$OUT/ompi-build.log" 2>&1 &) ;;
             info) phase info 60 "$(declare -f use_mpich); use_mpich; python3 -m mpiring info; MPIRING_DEBUG=1 mpirun -n 4 python3 -m mpiring info" ;;
             gputests) phase gputests 500 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --no-serial --test-timeout 150 --sizes ${GPUTEST_SIZES:-1 2 4} -- $GPU_TESTS" ;;
+            gputests-device) phase gputests-device 500 "$(declare -f use_mpich); use_mpich; export MPIRING_GPU_HOST_BYTES=0; python3 tests/run_world_sizes.py --no-serial --test-timeout 150 --sizes ${GPUTEST_SIZES:-1 2 4} -- $GPU_TESTS" ;;
+            crossover) phase crossover 150 "$(declare -f use_mpich); use_mpich; for n in ${CROSSOVER_RANKS:-2}; do for ipc in ${CROSSOVER_IPC:-1 0}; do for hb in ${CROSSOVER_HOST_BYTES:-0 65536}; do echo ranks \$n MPIRING_GPU_IPC=\$ipc MPIRING_GPU_HOST_BYTES=\$hb; MPIRING_GPU_IPC=\$ipc MPIRING_GPU_HOST_BYTES=\$hb mpirun -n \$n python3 -m mpiring.bench --device gpu -c allreduce ${CROSSOVER_SIZES:--b 8 -e 4M -f 8} -n 20 --reps 3 -w 5 --json $OUT/crossover-\$n-ipc\$ipc-host\$hb.json; done; done; done" ;;
             repeat4) phase repeat4 "${REPEAT4_LIMIT:-560}" "$(declare -f use_mpich repeat_tests); use_mpich; repeat_tests mpich ${MPICH_REPEATS:-5} $GPU_TESTS" ;;
             ompi4) phase ompi4 "${OMPI4_LIMIT:-560}" "$(declare -f with_ompi wait_ompi repeat_tests); wait_ompi && with_ompi && repeat_tests ompi ${OMPI_REPEATS:-3} tests/test_gpu.py" ;;
             suite) phase suite 400 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --sizes 1 2 4 -- -k 'not slurm'" ;;
-            check2) phase check2 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.gpu.check --json $OUT/check2.json" ;;
-            check4) phase check4 120 "$(declare -f use_mpich); use_mpich; mpirun -n 4 python3 -m mpiring.gpu.check --json $OUT/check4.json" ;;
+            build) phase build 60 "python3 setup.py -q build_ext --inplace && ls mpiring/engine/" ;;
+            check2) phase check2 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.gpu.check ${CHECK_ARGS:-} --json $OUT/check2.json" ;;
+            check4) phase check4 120 "$(declare -f use_mpich); use_mpich; mpirun -n 4 python3 -m mpiring.gpu.check ${CHECK_ARGS:-} --json $OUT/check4.json" ;;
+            profile) phase profile 90 "$(declare -f use_mpich); use_mpich; for ipc in 1 0; do MPIRING_DEBUG=1 MPIRING_GPU_IPC=\$ipc mpirun -n 2 python3 scripts/profile_device_call.py --bytes 8 --calls 2000; done" ;;
+            sharing) phase sharing 60 "$(declare -f use_mpich); use_mpich; for n in 1 2 4; do mpirun -n \$n python3 scripts/measure_gpu_sharing.py; done" ;;
+            mps) phase mps 20 "ls /usr/local/nvidia/bin; export PATH=\$PATH:/usr/local/nvidia/bin; setsid nvidia-cuda-mps-control -d; sleep 1; ls -la /tmp/nvidia-mps" ;;
+            small) phase small 120 "$(declare -f use_mpich); use_mpich; for ipc in 1 0; do MPIRING_GPU_IPC=\$ipc mpirun -n 2 python3 -m mpiring.bench --device gpu -c allreduce -b 8 -e 4K -f 8 -n 50 --reps 3 -w 10 --json $OUT/small-ipc\$ipc.json; done" ;;
             segments) phase segments 150 "$(declare -f use_mpich); use_mpich; for s in 262144 1048576 4194304 16777216; do echo segment \$s; MPIRING_GPU_SEGMENT_BYTES=\$s mpirun -n 2 python3 -m mpiring.gpu.check --sizes-mib 16 64 --repeats 3; done" ;;
             hostbench) phase hostbench 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.bench -c allreduce -b 1M -e 256M -f 4 -n 5 --reps 3 -w 2" ;;
             bench) phase bench 200 "$(declare -f use_mpich); use_mpich; for c in allreduce allgather reduce_scatter broadcast; do mpirun -n 2 python3 -m mpiring.bench --device gpu -c \$c -b 1K -e 256M -f 4 -n 3 --reps 2 -w 1 --json $OUT/bench-\$c.json --plot $OUT/bench-\$c.png; done" ;;
             benchstaged) phase benchstaged 200 "$(declare -f use_mpich); use_mpich; export MPIRING_GPU_IPC=0; for c in allreduce allgather reduce_scatter broadcast; do mpirun -n 2 python3 -m mpiring.bench --device gpu -c \$c -b 1K -e 256M -f 4 -n 3 --reps 2 -w 1 --json $OUT/benchstaged-\$c.json --plot $OUT/benchstaged-\$c.png; done" ;;
-            train) phase train 200 "$(declare -f use_mpich); use_mpich; for n in 1 2 4; do for s in ddp zero1 zero2 zero3; do for d in cpu gpu; do mpirun -n \$n python3 examples/train.py --strategy \$s --device \$d --steps 20 --log-every 0 --sample-chars 0 --report $OUT/train-\$n-\$s-\$d.json > $OUT/train-\$n-\$s-\$d.log 2>&1 || echo FAIL \$n \$s \$d; done; done; done; python3 scripts/compare_training_runs.py $OUT/train-*.json" ;;
+            train) phase train 200 "$(declare -f use_mpich); use_mpich; for n in ${TRAIN_SIZES:-1 2 4}; do for s in ${TRAIN_STRATEGIES:-ddp zero1 zero2 zero3}; do for d in cpu gpu; do mpirun -n \$n python3 examples/train.py --strategy \$s --device \$d --steps 20 --log-every 0 --sample-chars 0 --report $OUT/train-\$n-\$s-\$d.json > $OUT/train-\$n-\$s-\$d.log 2>&1 || echo FAIL \$n \$s \$d; done; done; done; python3 scripts/compare_training_runs.py $OUT/train-*.json" ;;
             direct) phase direct 300 "$(declare -f direct with_ompi); direct" ;;
             *) note "unknown phase $p" ;;
         esac
@@ -165,7 +177,7 @@ run_phases() {
 }
 
 install_wheels
-if (($# == 0)); then set -- facts ompi info gputests check2 check4 train hostbench direct bench benchstaged segments suite; fi
+if (($# == 0)); then set -- mps facts build ompi info gputests check2 check4 profile small crossover train hostbench direct bench benchstaged segments suite; fi
 run_phases "$@"
 note "total $((SECONDS - START))s"
 cat "$SUMMARY"
