@@ -59,6 +59,7 @@ class Backend(Protocol):
     name: str
     xp: Any
     staged: bool  # True: Ring.post hands the step to post_staged instead of giving buffers to MPI
+    on_device: bool  # its arrays live on a device: a collective's own metadata then stays on the host
     plannable: bool  # whether repeated calls may be recorded as plans (a staged one records its steps: record_step)
     host_bytes: int  # a device backend's calls of at most this many bytes may run_on_host(x, out, call); 0: none
 
@@ -81,6 +82,7 @@ class NumpyBackend:
     name = "numpy"
     xp = numpy
     staged = False
+    on_device = False
     plannable = True
     host_bytes = 0  # already there
 

@@ -8,6 +8,7 @@ The public `Communicator` validates arguments and drives these generators; the a
 from __future__ import annotations
 
 import zlib
+from functools import partial
 from typing import Any
 
 import numpy
@@ -68,6 +69,12 @@ class Output:
         return self._copy_into
 
 
+def _host_side(backend: NumpyBackend) -> NumpyBackend:
+    """The backend of a collective's own metadata (layouts, headers): the call's own where its
+    arrays live on the host (while a schedule is recorded, the recording one), else NumPy's."""
+    return NUMPY if backend.on_device else backend
+
+
 def _signature(dtype: Any, trailing: tuple[int, ...]) -> int:
     return zlib.crc32(f"{dtype_token(dtype)}|{trailing}".encode())
 
@@ -77,21 +84,27 @@ def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
 
 
 def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool, backend: NumpyBackend) -> Steps:
-    """All-gather every rank's row count, and check that the ranks' arrays and out= fit together.
-
-    Returns the row counts. Raises the same error on every rank when they do not fit, since
-    every rank then holds the same table.
-    """
+    """All-gather every rank's row count, with its dtype and row shape signature and the rows of
+    its out= (`_layout_rows` checks that they fit together). Returns the table: every rank's."""
     trailing = tuple(x.shape[1:])
-    out_state, own_problem = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
+    out_state, _ = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
     p = ring.size
-    table = NUMPY.empty(p * LAYOUT_FIELDS, NUMPY.xp.int64)
+    table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
     # a few bytes per rank: the latency-optimal all-gather (ceil(lg p) steps)
-    yield from allgather_bruck(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    yield from allgather_bruck(ring, _host_side(backend), call.tag, table,
+                               list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    return table
+
+
+def _layout_rows(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool, backend: NumpyBackend,
+                 table: Any) -> list[int]:
+    """Every rank's rows, from a layout table. Raises the same error on every rank when the ranks'
+    arrays and out= do not fit together, since every rank then holds the same table."""
+    _, own_problem = _out_state(out if out_rows_needed else None, tuple(x.shape[1:]), x.dtype, backend)
     rows = table[0::3]
     total = int(rows.sum())
-    _check_agreement(ring, call.collective, x, table[1::3], table[2::3], [total] * p, own_problem)
+    _check_agreement(ring, call.collective, x, table[1::3], table[2::3], [total] * ring.size, own_problem)
     return [int(n) for n in rows]
 
 
@@ -210,9 +223,19 @@ def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: st
 
 
 def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int] | None = None) -> Steps:
-    """`rows`: every rank's row count when the caller knows them (out= declared them)."""
+    """`rows`: every rank's row count when the caller knows them (counts=)."""
     if rows is None:
-        rows = yield from _exchange_layout(ring, call, x, out, True, backend)
+        table = yield from _exchange_layout(ring, call, x, out, True, backend)
+        return (yield from ring.after_layout(table, _allgather_after_layout, backend, call, x, out))
+    return (yield from _allgather_rows(ring, backend, call, x, out, rows))
+
+
+def _allgather_after_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any) -> Steps:
+    rows = _layout_rows(ring, call, x, out, True, backend, table)
+    return (yield from _allgather_rows(ring, backend, call, x, out, rows))
+
+
+def _allgather_rows(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int]) -> Steps:
     target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
     bounds = bounds_from_counts(rows, _row_size(x.shape))
     algorithm = _algorithm(ring, call, target.array.nbytes)
@@ -223,9 +246,23 @@ def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, r
 def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
            rows: list[int] | None = None) -> Steps:
     """`rows`: every rank's row count when the caller knows them (counts=)."""
-    is_root = ring.rank == root
     if rows is None:
-        rows = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
+        is_root = ring.rank == root
+        table = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
+        return (yield from ring.after_layout(table, partial(_gather_after_layout, root=root), backend, call, x, out))
+    return (yield from _gather_rows(ring, backend, call, x, root, out, rows))
+
+
+def _gather_after_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any,
+                         root: int) -> Steps:
+    is_root = ring.rank == root
+    rows = _layout_rows(ring, call, x, out if is_root else None, is_root, backend, table)
+    return (yield from _gather_rows(ring, backend, call, x, root, out, rows))
+
+
+def _gather_rows(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
+                 rows: list[int]) -> Steps:
+    is_root = ring.rank == root
     total_shape = (sum(rows), *x.shape[1:])
     target = Output(backend, out, total_shape, x.dtype, source=x) if is_root else None
     bounds = bounds_from_counts(rows, _row_size(x.shape))
@@ -245,9 +282,25 @@ def scatter(
     header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
     """
     if layout is None:
-        shape, dtype = yield from _scatter_header(ring, backend, call, x, root, root_problem)
-    else:
-        shape, dtype = layout
+        header = yield from _scatter_header(ring, backend, call, x, root, root_problem)
+        return (yield from ring.after_layout(header, partial(_scatter_after_header, root=root, counts=counts),
+                                             backend, call, x, out))
+    return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, layout))
+
+
+def _scatter_after_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, header: Any, root: int,
+                          counts: list[int] | None) -> Steps:
+    """The scatter once the root's header has arrived (a rank whose x was rejected at the root raises)."""
+    if header[0]:
+        raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
+    ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
+    shape = tuple(int(n) for n in header[3 : 3 + ndim])
+    return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, (shape, dtype)))
+
+
+def _scatter_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
+                    counts: list[int] | None, layout: tuple[tuple[int, ...], Any]) -> Steps:
+    shape, dtype = layout
     rows = row_bounds(shape[0], ring.size, counts)
     r = ring.rank
     mine_shape = (rows[r + 1] - rows[r], *shape[1:])
@@ -262,8 +315,9 @@ def scatter(
 
 def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
                     root_problem: ArgumentError | None) -> Steps:
-    """The root tells every rank the shape and dtype of x (or that it rejected x)."""
-    header = NUMPY.empty(HEADER_BYTES // 8, NUMPY.xp.int64)
+    """The root tells every rank the shape and dtype of x (or that it rejected x: it raises its
+    own problem here, the others in _scatter_after_header)."""
+    header = ring.metadata(HEADER_BYTES // 8, NUMPY.xp.int64)
     if ring.rank == root:
         header[:] = 0
         if root_problem is None:
@@ -271,13 +325,10 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
             header[3 : 3 + x.ndim] = x.shape
         else:
             header[0] = 1
-    yield from broadcast_binomial(ring, NUMPY, call.tag, root, header)  # small: ceil(lg p) hops
-    if header[0]:
-        if root_problem is not None:
-            raise root_problem
-        raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
-    ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
-    return tuple(int(n) for n in header[3 : 3 + ndim]), dtype
+    yield from broadcast_binomial(ring, _host_side(backend), call.tag, root, header)  # small: ceil(lg p) hops
+    if header[0] and root_problem is not None:
+        raise root_problem
+    return header
 
 
 def alltoall(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
@@ -296,7 +347,20 @@ def alltoallv(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, s
     """send_counts[j] rows of `x`, in order, go to rank j; recv_counts[i] rows come from rank i
     (exchanged first when None)."""
     if recv_counts is None:
-        recv_counts = yield from _exchange_counts(ring, call, x, out, send_counts, backend)
+        table = yield from _exchange_counts(ring, call, x, out, send_counts, backend)
+        return (yield from ring.after_layout(table, partial(_alltoallv_after_counts, send_counts=send_counts),
+                                             backend, call, x, out))
+    return (yield from _alltoallv_counts(ring, backend, call, x, out, send_counts, recv_counts))
+
+
+def _alltoallv_after_counts(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any,
+                            send_counts: list[int]) -> Steps:
+    recv_counts = _counts_received(ring, call, x, out, backend, table)
+    return (yield from _alltoallv_counts(ring, backend, call, x, out, send_counts, recv_counts))
+
+
+def _alltoallv_counts(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, send_counts: list[int],
+                      recv_counts: list[int]) -> Steps:
     row = _row_size(x.shape)
     target = Output(backend, out, (sum(recv_counts), *x.shape[1:]), x.dtype, source=x)
     send_bounds, recv_bounds = bounds_from_counts(send_counts, row), bounds_from_counts(recv_counts, row)
@@ -307,17 +371,25 @@ def alltoallv(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, s
 
 def _exchange_counts(ring: Ring, call: Call, x: Any, out: Any, send_counts: list[int], backend: NumpyBackend) -> Steps:
     """All-to-all-v's layout round: all-gather every rank's send counts (with its dtype and row
-    shape signature and the rows of its out=), so every rank knows the whole count matrix and
-    raises the same error where the ranks do not fit together. Returns this rank's receive counts."""
+    shape signature and the rows of its out=), so every rank knows the whole count matrix
+    (`_counts_received` checks it). Returns the table."""
     p, r = ring.size, ring.rank
     trailing = tuple(x.shape[1:])
-    out_state, own_problem = _out_state(out, trailing, x.dtype, backend)
+    out_state, _ = _out_state(out, trailing, x.dtype, backend)
     width = p + 2
-    table = NUMPY.empty(p * width, NUMPY.xp.int64)
+    table = ring.metadata(p * width, NUMPY.xp.int64)
     table[r * width : (r + 1) * width] = (*send_counts, _signature(x.dtype, trailing), out_state)
     # p + 2 words per rank: the latency-optimal all-gather
-    yield from allgather_bruck(ring, NUMPY, call.tag, table, list(range(0, (p + 1) * width, width)))
-    matrix = table.reshape(p, width)
+    yield from allgather_bruck(ring, _host_side(backend), call.tag, table, list(range(0, (p + 1) * width, width)))
+    return table
+
+
+def _counts_received(ring: Ring, call: Call, x: Any, out: Any, backend: NumpyBackend, table: Any) -> list[int]:
+    """This rank's receive counts from the count matrix; raises the same error on every rank
+    where the ranks do not fit together."""
+    p, r = ring.size, ring.rank
+    _, own_problem = _out_state(out, tuple(x.shape[1:]), x.dtype, backend)
+    matrix = table.reshape(p, p + 2)
     totals = [int(n) for n in matrix[:, :p].sum(axis=0)]  # rank k receives column k
     _check_agreement(ring, call.collective, x, matrix[:, p], matrix[:, p + 1], totals, own_problem)
     return [int(n) for n in matrix[:, r]]

@@ -292,32 +292,55 @@ class Communicator(BufferAPI):
             built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
             call = built.call
             call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
-            recordable = known.__class__ is Seen and known.recordable and bindable(x, out)
-            if built.plannable and key is not None and recordable:
-                try:  # the second call of this layout: record it
-                    schedule = self._record(call, built, x, out)
-                    call.checked = ()  # a cached schedule keeps no call's arrays: each hit binds its own
-                except Unschedulable:
-                    known.recordable = False  # it runs unrecorded from now on, without trying again
-                else:
-                    self._cache.add(key, schedule, ring.calls)
-                    return self._run_schedule(schedule, x, out, call.timeout)
-            elif built.plannable and key is not None and known is None:
+            if key is None or not (built.plannable or built.exchanging):
+                return run_to_end(ring, built.body(built.backend), call)
+            if known is None:  # seen once: recorded the next time
                 self._cache.add(key, Seen(), ring.calls)
-            return run_to_end(ring, built.body(built.backend), call)
+            if not (known.__class__ is Seen and known.recordable and bindable(x, out)):
+                return run_to_end(ring, built.body(built.backend), call)
+            if built.exchanging:  # run it, seeing its layout round's table, then record it
+                return self._run_and_record(key, known, built, x, out)
+            try:  # the second call of this layout: record it
+                schedule = self._record(call, built, x, out)
+            except Unschedulable:
+                known.recordable = False  # it runs unrecorded from now on, without trying again
+                return run_to_end(ring, built.body(built.backend), call)
+            self._cache.add(key, schedule, ring.calls)
+            return self._run_schedule(schedule, x, out, call.timeout)
         except BaseException as error:
             self._blocking_failed(error)
             raise
 
-    def _record(self, call: Call, built: Built, x: Any, out: Any) -> Schedule:
-        """Record `built` as a schedule; where it cannot be one, leave the call as it was (the
-        generator chose and tagged its algorithm while recording) and raise Unschedulable."""
+    def _run_and_record(self, key: tuple, known: Seen, built: Built, x: Any, out: Any) -> Any:
+        """A call with a layout round, run unrecorded while the table its round brings is kept
+        (Ring.after_layout); then recorded for that table (schedule.build_schedule)."""
+        ring, call = self._ring, built.call
+        tag, algorithm = call.tag, call.algorithm
+        ring.layouts_seen = []
+        try:
+            result = run_to_end(ring, built.body(built.backend), call)
+        finally:
+            seen, ring.layouts_seen = ring.layouts_seen, None
+        call.tag, call.algorithm, call.step = tag, algorithm, 0  # as it was before its algorithm was chosen
+        try:
+            schedule = self._record(call, built, x, out, *seen)
+        except Unschedulable:
+            known.recordable = False
+        else:
+            self._cache.add(key, schedule, ring.calls)
+        return result
+
+    def _record(self, call: Call, built: Built, x: Any, out: Any, seen: Any = None) -> Schedule:
+        """Record `built` as a schedule (`seen`: the table its layout round brought); where it
+        cannot be one, leave the call as it was (the generator chose and tagged its algorithm
+        while recording) and raise Unschedulable. A cached schedule keeps no call's arrays."""
         tag, algorithm = call.tag, call.algorithm
         try:
-            schedule = build_schedule(self._ring, call, built.body, x, out)
+            schedule = build_schedule(self._ring, call, built.body, x, out, seen)
         except Unschedulable:
             call.tag, call.algorithm, call.step = tag, algorithm, 0
             raise
+        call.checked = ()
         return schedule
 
     def _run_schedule(self, schedule: Schedule, x: Any, out: Any, timeout: float | None) -> Any:

@@ -21,11 +21,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy
 from mpi4py import MPI
 
 from mpiring.engine.scratch import POOL_FROM_BYTES, Scratch, ScratchPool
 from mpiring.engine.tags import Tags
-from mpiring.engine.transport import Call, Step, Traffic, make_step
+from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.errors import ConcurrentUseError
 
 if TYPE_CHECKING:
@@ -74,8 +75,11 @@ class Ring:
         # how plans send: persistent requests, or new ones each run (transport.make_step; the
         # Communicator sets it from MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)
         self.persistent_sends = True
-        # a plan being built (mpiring.engine.plan): posts are recorded, not sent
+        # a schedule or plan being recorded (mpiring.engine.schedule, .plan): posts are recorded, not sent
         self.recorder: Any = None
+        # layouts exchanged by the call running now, when the Communicator asks to see them
+        # (after_layout): (the layout table, what finishes the call given one)
+        self.layouts_seen: list[tuple[Any, Any]] | None = None
         # plans and steps abandoned with messages in flight: MPI may still write their buffers
         self.abandoned: list[Any] = []
         # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
@@ -130,9 +134,37 @@ class Ring:
         plan is built, one of its own (the plan keeps it for its life); else from the pool
         (mpiring.engine.scratch), which reuses large buffers across calls. Small ones are made
         here, so a small call pays no call into the pool."""
-        if self.recorder is not None or count * backend.xp.dtype(dtype).itemsize < POOL_FROM_BYTES:
+        if self.recorder is not None:
+            array = backend.empty(count, dtype)
+            own = getattr(self.recorder, "own", None)
+            if own is not None:  # a schedule's own, also where the backend is not the recording one (metadata)
+                own(array)
+            return Scratch(array)
+        if count * backend.xp.dtype(dtype).itemsize < POOL_FROM_BYTES:
             return Scratch(backend.empty(count, dtype))
         return self.scratch_pool.take(backend, count, dtype)
+
+    def metadata(self, count: int, dtype: Any) -> Any:
+        """A host array for a collective's own small messages (a layout, a header): while a
+        schedule is recorded, one of its own (whatever the backend of the call's data)."""
+        array = numpy.empty(count, dtype)
+        own = getattr(self.recorder, "own", None)
+        if own is not None:
+            own(array)
+        return array
+
+    def after_layout(self, table: Any, finish: Callable[..., Steps], backend: NumpyBackend, call: Call, x: Any,
+                     out: Any) -> Steps:
+        """Finish a call whose layout round brought `table`: `finish(ring, backend, call, x, out,
+        table)`, the rest of the call for any layout. A schedule recorded from such a call replays
+        the round, then its own rest while a new table equals the recorded one, else this
+        `finish` (mpiring.engine.schedule); so the Communicator sees the table and `finish` here."""
+        known = getattr(self.recorder, "layout_known", None)
+        if known is not None:
+            known(table, finish)  # ends the recording of the round (mpiring.engine.schedule)
+        elif self.layouts_seen is not None:
+            self.layouts_seen.append((table.copy(), finish))
+        return (yield from finish(self, backend, call, x, out, table))
 
     # ---- tags: every rank takes them in the same order ----
 

@@ -203,3 +203,41 @@ def test_every_collective_of_a_known_layout_replays_on_new_arrays(comm, name):
         else:
             assert_same(got, expected, f"{name} call {seed}")
     assert comm.plan_of(name, inputs[RANK], None, root=root if name in ("broadcast", "reduce") else None) is not None
+
+
+def _ragged_rows(k: int, call: int) -> int:
+    """Rank k's rows in call `call`: even ranks keep theirs, odd ranks change from call 3 on."""
+    return 2 + k % 3 + (k % 2) * (call >= 3) * (call % 2 + 1)
+
+
+@pytest.mark.parametrize("name", ["allgather", "gather", "alltoallv", "scatter"])
+def test_layout_rounds_are_recorded_and_a_changed_layout_is_never_stale(comm, name):
+    """Without counts= the ranks exchange their layout first. The call is recorded with the table
+    it brought; a replay whose round brings another one finishes the call for it (never with the
+    recorded one). Even ranks pass the same layout every call, odd ones change theirs."""
+    root = N - 1
+    for call in range(7):
+        rows = [_ragged_rows(k, call) for k in range(N)]
+        blocks = [np.full((rows[k], 2), float(k + 10 * call)) for k in range(N)]
+        if name == "allgather":
+            got, want = comm.allgather(blocks[RANK]), np.concatenate(blocks)
+        elif name == "gather":
+            got = comm.gather(blocks[RANK], root=root)
+            want = np.concatenate(blocks) if RANK == root else None
+        elif name == "scatter":  # the root's whole array changes rows: the others' part sizes change
+            whole = np.arange(float(sum(rows) * 2)).reshape(-1, 2) + call
+            got = comm.scatter(whole if RANK == root else None, root=root)
+            want = np.array_split(whole, N)[RANK]
+        else:  # rank a sends rows[a] rows to every rank
+            send = np.concatenate([np.full((rows[RANK], 2), float(RANK * 100 + b + call)) for b in range(N)])
+            got = comm.alltoallv(send, [rows[RANK]] * N)
+            want = np.concatenate([np.full((rows[a], 2), float(a * 100 + RANK + call)) for a in range(N)])
+        if want is None:
+            assert got is None
+        else:
+            assert_same(got, want, f"{name} call {call}")
+    recorded = [s for s in comm._cache.table.values() if type(s).__name__ == "Schedule" and s.call.collective == name]
+    if name != "scatter" or RANK != root:  # (the root's array changes every call: never the same key)
+        assert recorded and all(s.layout is not None for s in recorded), "recorded with its layout round"
+        if RANK % 2 == 0 and name != "scatter":
+            assert sum(s.runs for s in recorded) >= 4, "replayed as the others' layouts changed"

@@ -58,10 +58,12 @@ static struct {
 } mpi;
 
 /* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
-enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2 };
+enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2, STOPPED_CHANGED = 3 };
 
-/* Work: a Python callable, or what this file does itself (compiled.py, `work_spec`). */
-enum { WORK_CALL = 0, WORK_COPY = 1, WORK_OP = 2, WORK_DIVIDE = 3 };
+/* Work: a Python callable, or what this file does itself (compiled.py, `work_spec`). WORK_EXPECT
+   compares a layout just exchanged with the one the schedule was recorded for: another one stops
+   the run (STOPPED_CHANGED), and Python finishes the call for that layout. */
+enum { WORK_CALL = 0, WORK_COPY = 1, WORK_OP = 2, WORK_DIVIDE = 3, WORK_EXPECT = 4 };
 /* dtypes and ops as compiled.py numbers them */
 enum { D_BOOL, D_INT8, D_INT16, D_INT32, D_INT64, D_UINT8, D_UINT16, D_UINT32, D_UINT64, D_FLOAT32, D_FLOAT64,
        D_COMPLEX64, D_COMPLEX128, DTYPES };
@@ -76,8 +78,9 @@ typedef struct {
     int kind, op, dtype;
     PyObject *callable; /* WORK_CALL (borrowed: the works tuple owns it) */
     Ref out, a, b;      /* WORK_COPY: out <- a; WORK_OP: out <- a op b; WORK_DIVIDE: out <- a / divisor */
-    Py_ssize_t n;       /* WORK_COPY: bytes; else elements */
+    Py_ssize_t n;       /* WORK_COPY, WORK_EXPECT: bytes; else elements */
     long divisor;
+    const char *expected; /* WORK_EXPECT: the bytes recorded at out (borrowed: the works tuple owns them) */
 } Work;
 
 /* A message posted anew by every run at its root's base + offset: its request is requests[index]. */
@@ -270,10 +273,14 @@ static int divide(int dtype, char *out, const char *a, Py_ssize_t n, long diviso
     return -1;
 }
 
+/* 0: done; -1: a callable raised; 1: a layout differs from the one recorded (WORK_EXPECT). */
 static int do_work(const Program *p, const Work *work, Py_ssize_t n) {
     for (Py_ssize_t w = 0; w < n; w++) {
         const Work *k = &work[w];
-        if (k->kind == WORK_COPY) {
+        if (k->kind == WORK_EXPECT) {
+            if (memcmp(address(p, k->out), k->expected, (size_t)k->n) != 0)
+                return 1;
+        } else if (k->kind == WORK_COPY) {
             memmove(address(p, k->out), address(p, k->a), (size_t)k->n);
         } else if (k->kind == WORK_OP) {
             op_loop(k->op, k->dtype, address(p, k->out), address(p, k->a), address(p, k->b), k->n);
@@ -320,14 +327,18 @@ static Work *work_init(PyObject *works, Py_ssize_t *n, Py_ssize_t nroots) {
             k->callable = item;
             continue;
         }
-        PyObject *out, *a, *b;
-        if (!PyArg_ParseTuple(item, "iiiOOOnl", &k->kind, &k->op, &k->dtype, &out, &a, &b, &k->n, &k->divisor) ||
+        PyObject *out, *a, *b, *expected = NULL;
+        if (!PyArg_ParseTuple(item, "iiiOOOnl|O!", &k->kind, &k->op, &k->dtype, &out, &a, &b, &k->n, &k->divisor,
+                              &PyBytes_Type, &expected) ||
             parse_ref(out, &k->out) < 0 || parse_ref(a, &k->a) < 0 || parse_ref(b, &k->b) < 0 ||
             check_ref(&k->out, nroots) < 0 || check_ref(&k->a, nroots) < 0 || check_ref(&k->b, nroots) < 0)
             goto fail;
+        if (expected != NULL)
+            k->expected = PyBytes_AS_STRING(expected);
         if ((k->kind == WORK_OP && !op_supported(k->op, k->dtype)) ||
             (k->kind == WORK_DIVIDE && k->dtype != D_FLOAT32 && k->dtype != D_FLOAT64) ||
-            k->kind < WORK_COPY || k->kind > WORK_DIVIDE || k->n < 0) {
+            (k->kind == WORK_EXPECT && (expected == NULL || PyBytes_GET_SIZE(expected) != k->n)) ||
+            k->kind < WORK_COPY || k->kind > WORK_EXPECT || k->n < 0) {
             PyErr_SetString(PyExc_ValueError, "work this program cannot do");
             goto fail;
         }
@@ -552,7 +563,7 @@ static PyObject *run_from(Program *self, Py_ssize_t first, int started, double s
         return NULL;
     }
     if (first == 0 && !started && do_work(self, self->prologue_work, self->nprologue) < 0)
-        return NULL;
+        return NULL; /* (a prologue holds no WORK_EXPECT: layouts are checked after their exchange) */
     for (Py_ssize_t index = first; index < self->length; index++) {
         Exchange *e = &self->exchanges[index];
         int code = 0, done = 0;
@@ -600,8 +611,11 @@ static PyObject *run_from(Program *self, Py_ssize_t first, int started, double s
             if (count != e->check_bytes[i])
                 return stopped(e, index, STOPPED_SIZE, 0);
         }
-        if (do_work(self, e->work, e->nwork) < 0)
+        int worked = do_work(self, e->work, e->nwork);
+        if (worked < 0)
             return NULL;
+        if (worked > 0)
+            return stopped(e, index, STOPPED_CHANGED, 0);
     }
     Py_RETURN_NONE;
 }
@@ -1351,7 +1365,8 @@ PyMODINIT_FUNC PyInit__replay(void) {
         PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0 ||
         PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0 ||
         PyModule_AddIntConstant(m, "WORK_COPY", WORK_COPY) < 0 || PyModule_AddIntConstant(m, "WORK_OP", WORK_OP) < 0 ||
-        PyModule_AddIntConstant(m, "WORK_DIVIDE", WORK_DIVIDE) < 0) {
+        PyModule_AddIntConstant(m, "WORK_DIVIDE", WORK_DIVIDE) < 0 ||
+        PyModule_AddIntConstant(m, "WORK_EXPECT", WORK_EXPECT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -28,9 +28,14 @@ except ImportError:  # not built (no compiler at install time): everything repla
     _replay = None
 
 # Program.run's reasons for stopping
-STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR = 0, 1, 2
+STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR, STOPPED_CHANGED = 0, 1, 2, 3
 # kinds of work a Program does itself (WORK_CALL is any callable)
-WORK_COPY, WORK_OP, WORK_DIVIDE = 1, 2, 3
+WORK_COPY, WORK_OP, WORK_DIVIDE, WORK_EXPECT = 1, 2, 3, 4
+
+
+class LayoutChanged(Exception):
+    """The layout a schedule's first exchanges brought is not the one it was recorded for (its
+    WORK_EXPECT): the Python replay raises this where the C one stops with STOPPED_CHANGED."""
 RESULT_CODES = {"none": 0, "out": 1, "x": 2}
 _INT_MAX = 2**31 - 1
 _NOWHERE = (-1, 0)
@@ -109,6 +114,11 @@ def _bind() -> bool:
 
 # ---- work ----
 
+def expect_spec(ref: tuple[int, int], expected: bytes) -> tuple:
+    """Work that compares the bytes at `ref` with `expected` (a layout as recorded)."""
+    return (WORK_EXPECT, 0, 0, ref, _NOWHERE, _NOWHERE, len(expected), 0, expected)
+
+
 def work_spec(kind: str, op: str | None, arrays: tuple, refs: tuple, divisor: int) -> tuple | None:
     """Recorded work as plain data the C replay (and `work_in_python`) do exactly as NumPy:
     (kind, op code, dtype code, out ref, a ref, b ref, length, divisor); None for work only NumPy
@@ -145,7 +155,11 @@ def _same_or_apart(a: np.ndarray, b: np.ndarray) -> bool:
 
 def work_in_python(roots: tuple, spec: tuple) -> None:
     """A work spec's arithmetic in NumPy, on the arrays the roots stand for (the Python replay)."""
-    kind, op_code, dtype_code, out_ref, a_ref, b_ref, n, divisor = spec
+    kind, op_code, dtype_code, out_ref, a_ref, b_ref, n, divisor = spec[:8]
+    if kind == WORK_EXPECT:
+        if _bytes(roots, out_ref, n).tobytes() != spec[8]:
+            raise LayoutChanged
+        return
     if kind == WORK_COPY:
         _bytes(roots, out_ref, n)[:] = _bytes(roots, a_ref, n)
         return

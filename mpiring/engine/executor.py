@@ -202,6 +202,8 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
         else:
             spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
             stopped = program.run(0, False, spin)
+    except compiled.LayoutChanged:
+        return recorded.after_change(ring, timeout)
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, recorded)  # its requests may still be active: keep their buffers
         raise
@@ -218,6 +220,8 @@ def resume_recorded(ring: Ring, recorded: Any, timeout: float | None, stopped: t
     recorded.call.timeout = timeout
     try:
         _resume(ring, recorded, stopped, spin)
+    except compiled.LayoutChanged:
+        return recorded.after_change(ring, timeout)
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(recorded.call, error, recorded)
         raise
@@ -245,6 +249,8 @@ def _resume(ring: Ring, recorded: Any, stopped: tuple[int, int, int], spin: floa
     """Carry on where the C replay stopped: an exchange still incomplete after `spin` seconds
     goes on in Python (waiting.poll); a wrong size or an MPI error raises."""
     first, reason, code = stopped
+    if reason == compiled.STOPPED_CHANGED:
+        raise compiled.LayoutChanged
     if reason != compiled.STOPPED_WAITING:
         _raise_stopped(ring, recorded, first, code)
     _exchanges_in_python(ring, recorded, first, True, spin)

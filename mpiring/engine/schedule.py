@@ -81,8 +81,9 @@ class _Roots:
         self.ranges: list[tuple[int, int] | None] = [None if a is None else _extent(a) for a in (x, out)]
 
     def own(self, array: numpy.ndarray) -> None:
-        self.arrays.append(array)
-        self.ranges.append(_extent(array))
+        if not any(array is known for known in self.arrays):
+            self.arrays.append(array)
+            self.ranges.append(_extent(array))
 
     def ref(self, a: Any) -> Ref:
         """`a`'s root and its byte offset there; zero-byte buffers live nowhere."""
@@ -107,12 +108,22 @@ class _Message:
 
 
 class _Work:
-    """A recorded copy (out <- a), reduction (out <- a op b) or avg's division (out <- a / divisor)."""
+    """A recorded copy (out <- a), reduction (out <- a op b), avg's division (out <- a / divisor),
+    or the check that a layout is the one recorded (`expected`, the bytes of arrays[0])."""
 
-    __slots__ = ("kind", "op", "arrays", "divisor")
+    __slots__ = ("kind", "op", "arrays", "divisor", "expected")
 
-    def __init__(self, kind: str, op: str | None, arrays: tuple, divisor: int = 0) -> None:
+    def __init__(self, kind: str, op: str | None, arrays: tuple, divisor: int = 0, expected: bytes = b"") -> None:
         self.kind, self.op, self.arrays, self.divisor = kind, op, arrays, divisor  # arrays: (out, a[, b])
+        self.expected = expected
+
+
+class _LayoutPoint(Exception):
+    """The recording of a layout round has reached its table (Ring.after_layout)."""
+
+    def __init__(self, table: numpy.ndarray, finish: Callable[..., Any]) -> None:
+        super().__init__("a layout round recorded")
+        self.table, self.finish = table, finish
 
 
 class Recorder:
@@ -158,6 +169,13 @@ class Recorder:
     def work(self, work: _Work) -> None:
         self.actions.append(("work", work))
 
+    def own(self, array: numpy.ndarray) -> None:
+        """A buffer of the call's own (Ring.metadata): a root of the schedule."""
+        self.roots.own(array)
+
+    def layout_known(self, table: numpy.ndarray, finish: Callable[..., Any]) -> None:
+        raise _LayoutPoint(table, finish)
+
 
 class RecordingHost:
     """The NumPy backend as a schedule being recorded sees it: allocations become the schedule's
@@ -189,6 +207,17 @@ class RecordingHost:
         self._recorder.work(_Work("copy", None, (dst, src)))
 
 
+class _Layout:
+    """What a schedule with a layout round keeps to finish a call whose layout changed: the table
+    the round fills (one of its roots), the rest of the call for any table, and the call's tag and
+    algorithm as they were before the algorithm was chosen for the recorded layout."""
+
+    __slots__ = ("table", "finish", "tag", "algorithm")
+
+    def __init__(self, table: numpy.ndarray, finish: Callable[..., Any], tag: int, algorithm: str) -> None:
+        self.table, self.finish, self.tag, self.algorithm = table, finish, tag, algorithm
+
+
 class _Exchange:
     """One exchange: its step (requests, statuses and peers for the waits), its messages, the
     copies done while they fly and the work once they have arrived."""
@@ -205,8 +234,9 @@ class Schedule:
     layout_keyed = True  # the cache mirrors its C form for the Shortcut (mpiring.engine.cache)
 
     def __init__(self, ring: Ring, call: Call, recorder: Recorder, host: RecordingHost, x: Any, out: Any,
-                 result: Any) -> None:
+                 result: Any, layout: _Layout | None = None) -> None:
         self.call = call
+        self.layout = layout  # a call with a layout round: what finishes it for another layout
         self.comm = ring.comm
         self.traffic = recorder.traffic
         self.allocated = host.allocated
@@ -258,6 +288,9 @@ class Schedule:
         bound arrays for what only NumPy does exactly. Work on empty arrays does nothing: dropped."""
         done = []
         for work in works:
+            if work.kind == "expect":
+                done.append(compiled.expect_spec(roots.ref(work.arrays[0]), work.expected))
+                continue
             if any(a.size == 0 for a in work.arrays):
                 continue
             refs = tuple(roots.ref(a) for a in work.arrays)
@@ -326,6 +359,18 @@ class Schedule:
         if program is not None:
             return (program.x, program.out, *self.owned)
         return (self.x, self.out, *self.owned)
+
+    def after_change(self, ring: Ring, timeout: float | None) -> Any:
+        """Finish the bound call, whose layout round brought another layout than the recorded one,
+        as an unrecorded call does (its rest for this layout, run by its generator)."""
+        from mpiring.engine.executor import run_to_end  # (the executor runs schedules: imported late)
+
+        roots = self.bound_roots()
+        layout = self.layout
+        call = Call(self.call.collective, layout.algorithm, layout.tag, timeout)
+        out = None if self.allocate is not None else roots[ROOT_OUT]  # the caller's out=, if it gave one
+        steps = layout.finish(ring, NUMPY, call, roots[ROOT_X], out, layout.table)
+        return run_to_end(ring, steps, call)
 
     def run_result(self) -> Any:
         """What the run bound last returns."""
@@ -467,25 +512,46 @@ def _works_from(actions: list[tuple[str, Any]], i: int) -> tuple[list[_Work], in
     return works, i
 
 
-def build_schedule(ring: Ring, call: Call, body: Callable[[Any], Any], x: Any, out: Any) -> Schedule:
+def build_schedule(ring: Ring, call: Call, body: Callable[[Any], Any], x: Any, out: Any,
+                   seen: tuple[numpy.ndarray, Any] | None = None) -> Schedule:
     """Record the steps `body` takes for `call` on these arrays (no message moves); raises
-    Unschedulable where the call cannot be one."""
+    Unschedulable where the call cannot be one.
+
+    A call with a layout round (`seen`: the table it brought in a real run, Ring.after_layout)
+    is recorded in two parts: the round, until its table; then a check that a replay's table is
+    that one, and the rest of the call for it."""
     roots = _Roots(x, out)
     recorder = Recorder(ring, roots)
     host = RecordingHost(recorder)
+    tag, algorithm = call.tag, call.algorithm
+    layout = None
     ring.recorder = recorder
     try:
-        steps = body(host)
         try:
-            step = next(steps)
-            while True:
-                recorder.wait(step)
-                step = steps.send(None)
-        except StopIteration as finished:
-            result = finished.value
-        for step in recorder.unwaited:
-            recorder.wait(step)
+            result = _drive(recorder, body(host))
+        except _LayoutPoint as point:
+            if seen is None:
+                raise Unschedulable("a layout round in a call without its layout") from None
+            table, finish = point.table, point.finish
+            table[:] = seen[0]
+            recorder.work(_Work("expect", None, (table,), expected=table.tobytes()))
+            layout = _Layout(table, finish, tag, algorithm)
+            result = _drive(recorder, finish(ring, host, call, x, out, table))
     finally:
         ring.recorder = None
     call.step = 0
-    return Schedule(ring, call, recorder, host, x, out, result)
+    return Schedule(ring, call, recorder, host, x, out, result, layout)
+
+
+def _drive(recorder: Recorder, steps: Any) -> Any:
+    """Run a generator of steps against the recorder; its return value."""
+    try:
+        step = next(steps)
+        while True:
+            recorder.wait(step)
+            step = steps.send(None)
+    except StopIteration as finished:
+        result = finished.value
+    for step in recorder.unwaited:
+        recorder.wait(step)
+    return result

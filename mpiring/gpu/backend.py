@@ -39,6 +39,7 @@ class CupyBackend:
 
     name = "cupy"
     staged = False
+    on_device = True
     path = "direct"
     plannable = True  # a repeated call may be recorded as a plan (mpiring.engine.plan)
     host_bytes = 0  # calls moving at most this many bytes run on host copies (run_on_host); 0: none
