@@ -5,6 +5,9 @@ speaks of the project rather than of how it was made. Serial; a few seconds."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -177,6 +180,36 @@ def test_the_headline_figures_come_from_the_pages_they_cite():
         figures = re.sub(r"\b\d+\.\d+\.\d+\b", "", figures)  # versions are not figures
         for figure in re.findall(r"\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+", figures):
             assert figure in text, f"{figure} is not in {sorted(set(targets))}: {row}"
+
+
+def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
+    """scripts/regenerate_benchmarks.py, fed one tiny run, writes the headings docs/benchmarks.md has."""
+    path = ROOT / "scripts" / "regenerate_benchmarks.py"
+    spec = importlib.util.spec_from_file_location("regenerate_benchmarks", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    meta = {"date": "2026-01-01T00:00:00+00:00", "mpiring": mpiring.__version__, "mpi4py": "4", "numpy": "2",
+            "python": "3", "mpi_library": "MPICH Version: 5", "cpu_model": "cpu", "nproc": 2,
+            "load_average": [0.0, 0.0, 0.0], "statistic": "median"}
+    row = {"collective": "allreduce", "algorithm": "auto", "ranks": 2, "size_bytes": 8, "time_us": 1.0,
+           "native_time_us": 2.0, "ratio": 2.0, "busbw_gbs": 0.01, "efficiency_pct": 90.0, "wrong": 0}
+    (tmp_path / "mpich-2ranks.json").write_text(json.dumps({"meta": meta, "results": [row]}))
+    (tmp_path / "mpich-2ranks.cmd").write_text("mpirun -n 2 python -m mpiring.bench\n")
+    (tmp_path / script.RUN_CONTEXT).write_text(json.dumps(
+        {"commit": "abc1234", "platform": "Linux", "memory_gib": 1, "environment": "", "invocation": "python",
+         "smoke": False}))
+    args = argparse.Namespace(mpis=["mpich"], ranks=[2], scratch=str(tmp_path), plots=str(tmp_path),
+                              doc=str(tmp_path / "benchmarks.md"))
+    written = script.generated_section(args)
+    page = (ROOT / "docs" / "benchmarks.md").read_text().split(script.BEGIN)[1].split(script.END)[0]
+
+    def headings(text: str) -> list[str]:
+        return [h for h in re.findall(r"^#{2,3} .*", text, re.M) if "Open MPI" not in h]
+
+    assert headings(written) == headings(page) == [
+        "## Current results", "### Summary against native MPI", "### MPICH, every size"]
+    assert f"mpiring {mpiring.__version__} (commit abc1234)" in written
+    assert "| allreduce | 2.00 | - | - |" in written
 
 
 def test_the_changelog_has_the_current_version():
