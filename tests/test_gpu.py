@@ -51,8 +51,8 @@ def path(request, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gcomm():
-    # A stalled step raises CollectiveTimeout naming the step and the peer instead of hanging (a
-    # 4-rank run once stalled on an H100, see docs/gpu.md); 120 s is far above any test's need.
+    # A stalled step raises CollectiveTimeout naming the step and the peer instead of hanging;
+    # 120 s is far above any test's need.
     comm = mpiring.Communicator(timeout=120)
     yield comm
     comm.free()
