@@ -303,7 +303,10 @@ def generated_section(args: argparse.Namespace) -> str:
     runs = load_runs(args)
     if not runs:
         raise SystemExit(f"no results under {args.scratch}: run without --no-run first")
-    with open(os.path.join(args.scratch, RUN_CONTEXT)) as stream:
+    context_path = os.path.join(args.scratch, RUN_CONTEXT)
+    if not os.path.exists(context_path):
+        raise SystemExit(f"no {context_path} (the commit and machine of the run): run without --no-run first")
+    with open(context_path) as stream:
         context = json.load(stream)
     first = next(iter(runs.values()))["meta"]
     libraries = sorted({(data["meta"]["mpi_library"], data["meta"]["mpi4py"]) for data in runs.values()})
