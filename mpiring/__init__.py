@@ -35,7 +35,7 @@ from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, OPS, PR
 # imports gpu/ (which imports CuPy only once a CuPy array reaches a collective).
 backend.register_device_backend(gpu.device_backend)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md says what changed in each version
 
 __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN", "OPS", "PROD", "SUM",

@@ -77,19 +77,13 @@ def _gpu_facts() -> tuple[Any | None, list[str]]:
     return cupy, lines
 
 
-def _installed_version() -> str:
-    """The installed distribution's version, read without importing mpiring (which starts MPI)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mpiring")
-    except PackageNotFoundError:
-        return "(not installed)"
-
-
 def main(argv: list[str] | None = None) -> int:
+    from mpiring import __version__
+
     parser = argparse.ArgumentParser(prog="mpiring", description="mpiring: ring collectives over MPI")
-    parser.add_argument("--version", action="version", version=f"mpiring {_installed_version()}")
+    # The running package's own version, not the installed metadata's, which an editable install
+    # leaves at whatever version was current when it was installed.
+    parser.add_argument("--version", action="version", version=f"mpiring {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, GPUs, CUDA-aware MPI, world size, rank -> host -> GPU")
     args = parser.parse_args(argv)

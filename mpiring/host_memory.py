@@ -3,10 +3,10 @@
 On one node an MPI library moves a large message with one copy out of the sender's pages
 (CMA or a shared-memory pipeline), and it pays per page of the source: from the sender's 4 KiB
 pages a message takes 1.4x the time it takes from 2 MiB pages at 64 KiB, and 2-2.5x from
-256 KiB up, with either MPI wheel (docs/benchmarks.md, "Pages"). NumPy asks the kernel for huge pages only for
-arrays of 4 MiB and up, and only memory that was never touched can get them: whether a
-malloc'd array gets them depends on what the process freed before. So the same call on two
-equal arrays can differ by 2x.
+256 KiB up, with either MPI wheel (docs/benchmarks.md, "Buffers and pages"). NumPy asks the
+kernel for huge pages only for arrays of 4 MiB and up, and only memory that was never touched
+can get them: whether a malloc'd array gets them depends on what the process freed before. So
+the same call on two equal arrays can differ by 2x.
 
 `empty` gives a large array its own anonymous mapping, 2 MiB-aligned and marked MADV_HUGEPAGE
 before the first touch, so that every whole 2 MiB of it can be a huge page wherever the

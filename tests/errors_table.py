@@ -68,7 +68,7 @@ ROWS: list[Row] = [
         "`ArgumentTypeError`: `argument 'timeout': must be a number of seconds, math.inf or None, got '5'`"),
     Row("check-type", "`Communicator(check=\"no\")` (anything but True, False, None)",
         "`ArgumentTypeError` from `Communicator()`: `argument 'check': must be True, False or None, got 'no'` "
-        "(it used to turn checks on)"),
+        "(a truthy string would otherwise turn checks on)"),
     Row("freed", "a collective on a `Communicator` after `free()` (or after its `with` block)",
         "`CommunicatorFreedError` (a `RuntimeError`) on every rank: `allreduce: this Communicator was freed ...; "
         "make a new one`; a second `free()` does nothing"),

@@ -31,7 +31,7 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 LAST = N - 1
 T = 0.25  # seconds for the rows that time out
-BOUND = T + 2.0  # the issue's bound on raising after a timeout
+BOUND = T + 2.0  # a timed-out rank must raise within 2 s of its timeout
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKS: dict[str, Callable[[mpiring.Communicator], None]] = {}
@@ -656,7 +656,7 @@ for i in range(10**9):
         if mode == "exit":
             sys.exit(0)
 """
-JOB_BOUND = 30.0  # seconds: the issue's bound for a job to end after a fault
+JOB_BOUND = 30.0  # seconds: how soon a job must end after a fault (docs/errors.md)
 # The train.py SIGKILL row: a tiny model, so the job is mostly start-up; rank 1 is killed once
 # rank 0 has logged a few steps.
 TRAIN = os.path.join(ROOT, "examples", "train.py")

@@ -51,8 +51,8 @@ def path(request, monkeypatch):
 
 @pytest.fixture(scope="module")
 def gcomm():
-    # A stalled step raises CollectiveTimeout naming the step and the peer instead of hanging (a
-    # 4-rank run once stalled on an H100, see docs/gpu.md); 120 s is far above any test's need.
+    # A stalled step raises CollectiveTimeout naming the step and the peer instead of hanging;
+    # 120 s is far above any test's need.
     comm = mpiring.Communicator(timeout=120)
     yield comm
     comm.free()
@@ -256,10 +256,10 @@ def test_pools_reach_a_steady_state(gcomm, monkeypatch, ipc):
     when its copies or its receiver's acknowledgement are done), so warm-up ends when 5 calls in a
     row allocated nothing on every rank; it must end within 40 calls.
 
-    The ranks decide together when to stop. Each rank stopping on its own count (as this test once
-    did) left some ranks in one more allreduce than the others, which then waited for peers that
-    had moved on: the 4-rank stall of docs/gpu.md. MPIRING_GPU_TEST_REPORT (a file) gets one line
-    per run with the call after which each rank alone would have stopped.
+    The ranks decide together when to stop. Each rank stopping on its own count would leave some
+    ranks in one more allreduce than the others, waiting for peers that had moved on.
+    MPIRING_GPU_TEST_REPORT (a file) gets one line per run with the call after which each rank
+    alone would have stopped.
     """
     monkeypatch.setenv("MPIRING_CUDA_AWARE", "0")
     monkeypatch.setenv("MPIRING_GPU_IPC", ipc)

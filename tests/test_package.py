@@ -103,8 +103,10 @@ def test_the_compiled_replay_is_built_wherever_it_can_be():
 
 
 def test_version_option_and_license():
-    result = subprocess.run([sys.executable, "-m", "mpiring", "--version"], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and result.stdout.strip() == f"mpiring {mpiring.__version__}", result
+    for module, name in (("mpiring", "mpiring"), ("mpiring.bench", "mpiring-bench")):
+        result = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0 and result.stdout.strip() == f"{name} {mpiring.__version__}", result
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "LICENSE")) as handle:
         assert handle.readline().strip() == "MIT License"

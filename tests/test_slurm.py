@@ -1,4 +1,4 @@
-"""Slurm support (issue 6), proven on a real Slurm cluster started on this machine.
+"""Slurm support, proven on a real Slurm cluster started on this machine.
 
 The cluster tests install Debian's Slurm and munge when missing (root and apt needed), start a
 throw-away cluster (tests/slurm_cluster.py: two nodes in network namespaces where the kernel

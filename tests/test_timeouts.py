@@ -25,7 +25,7 @@ WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 T = 0.25  # seconds: short, since every rank but one sits out the whole of it
-BOUND = T + 2.0  # the upper bound for raising
+BOUND = T + 2.0  # a timed-out rank must raise within 2 s of its timeout
 
 needs_two = pytest.mark.skipif(N < 2, reason="needs a rank to skip and one to wait")
 

@@ -208,7 +208,7 @@ def test_memory_per_rank_is_what_zero_says(comm, model, strategy):
     slack = 3 * len(model.layers) * model.dtype.itemsize
     expected = expected_ratio(strategy, n, slots=1) * ddp
     assert expected - 1e-9 <= memory["model_state"] <= expected + slack
-    if n == 4:  # the check: fp32 SGD with momentum, ratios to DDP
+    if n == 4:  # ZeRO's formulas for fp32 SGD with momentum at 4 ranks, ratios to DDP
         formula = {"ddp": 12 / 12, "zero1": (8 + 4 / n) / 12, "zero2": (4 + 8 / n) / 12, "zero3": (12 / n) / 12}
         assert memory["model_state"] / ddp == pytest.approx(formula[strategy], rel=0.01)
     transient = memory["peak"] - memory["model_state"]

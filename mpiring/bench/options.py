@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy
 
+from mpiring import __version__
 from mpiring.backend import SUPPORTED_DTYPES
 from mpiring.catalogue import NAMES, REDUCING
 from mpiring.launch import RankZeroArgumentParser
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--csv", metavar="FILE", help="write the results as CSV")
     add("--json", metavar="FILE", help="write the results and the run's metadata as JSON")
     add("--plot", metavar="FILE.png", help="plot busbw against size (needs matplotlib)")
+    add("--version", action="version", version=f"{PROG} {__version__}")
     return parser
 
 

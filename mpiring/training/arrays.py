@@ -25,8 +25,8 @@ def array_module(device: str) -> Any:
 
     if backend_for(cupy.zeros(1)).xp is not cupy:
         raise TrainingError(
-            "--device gpu: this mpiring's collectives move NumPy arrays only; GPU buffers need the "
-            "CuPy backend (the GPU issue)"
+            "--device gpu: this mpiring's collectives move NumPy arrays only; GPU buffers need its "
+            "CuPy backend (docs/gpu.md)"
         )
     return cupy
 

