@@ -12,8 +12,8 @@
                                                                                copies (mpiring.gpu.host_route; 0: none)
     MPIRING_SCRATCH_BYTES      positive integer  a Communicator is made       most scratch bytes kept for reuse
     MPIRING_INFLIGHT_BYTES     positive integer  a Communicator is made       most bytes nonblocking calls hold
-    MPIRING_COMPILED           yes/no            a plan is built              0: replay it in Python, not in C
-    MPIRING_PERSISTENT_SENDS   yes/no            a Communicator is made       plans send by persistent requests
+    MPIRING_COMPILED           yes/no            a call is recorded           0: replay it in Python, not in C
+    MPIRING_PERSISTENT_SENDS   yes/no            a Communicator is made       device plans send by persistent requests
                                                                                (default: yes, except under Open MPI)
     MPIRING_BUSY_POLL          yes/no            a Communicator is made       waits test without offering the core
                                                                                (default: a core per rank on the node)
