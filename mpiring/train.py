@@ -6,6 +6,7 @@ examples/train.py).
     mpirun -n 4 mpiring-train --strategy ddp --report ddp.json --plot ddp.png
     mpirun -n 4 mpiring-train --checkpoint-dir ckpt --checkpoint-every 100
     mpirun -n 3 mpiring-train --checkpoint-dir ckpt --resume   # any world size
+    mpirun -n 3 mpiring-train --checkpoint-dir ckpt --resume --fresh   # step 0 if nothing there loads
 
 The work is in mpiring.training (docs/training.md); this is only its command line.
 """
@@ -95,7 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", type=_count(0), default=0, metavar="N",
                    help="keep only the newest N checkpoints; 0 = all (default: %(default)s)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in --checkpoint-dir (at any world size)")
+                   help="continue from the newest checkpoint in --checkpoint-dir that loads (at any world "
+                        "size); a directory without step directories starts from step 0, one whose step "
+                        "directories all fail to load stops the run")
+    p.add_argument("--fresh", action="store_true",
+                   help="with --resume: start from step 0 when no checkpoint in --checkpoint-dir loads (step "
+                        "directories without a manifest.json, corrupt or another run's), instead of stopping")
     p.add_argument("--log-every", type=_count(0), default=10, metavar="N",
                    help="progress line every N steps (and the last), 0 = none (default: %(default)s)")
     p.add_argument("--sample-chars", type=_count(0), default=200, metavar="N",
@@ -103,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
         p.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if args.fresh and not args.resume:
+        p.error("--fresh applies with --resume only (without --resume a run starts from step 0)")
     return args
 
 
@@ -133,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup, decay_steps=args.decay_steps,
         bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap,
         algorithm=None if args.algorithm == "auto" else args.algorithm, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, log_every=args.log_every,
-        sample_chars=args.sample_chars,
+        checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, fresh=args.fresh,
+        log_every=args.log_every, sample_chars=args.sample_chars,
     )
     try:
         # Every rank checks its inputs itself, then they agree: a rank that cannot read the

@@ -204,6 +204,17 @@ ROWS: list[Row] = [
         "the launcher sees it die and ends the job: non-zero (MPICH: 9) within 30 s (~1 s)", launched=True),
     Row("sigkill-train", "one rank of `examples/train.py` is killed (`SIGKILL`) in the middle of training",
         "the job ends non-zero within 30 s of the kill", launched=True),
+    Row("train-no-manifest", "`examples/train.py --resume` on a checkpoint directory whose step directories have "
+        "their shards but no `manifest.json` (deleted, or not copied)", "every rank stops before its first step "
+        "(exit 1); rank 0 prints one error naming each step directory, what it holds and what it lacks: `'ckpt' "
+        "holds step directories but no checkpoint to resume from: step-00000004: no manifest.json (incomplete or "
+        "damaged; it holds shard-00000.npy, ...); step-00000002: ... restore it, or pass --fresh to start from "
+        "step 0 anyway (nothing in the directory is removed)`. With `--resume --fresh` the run starts from step 0 "
+        "after a warning for each", launched=True),
+    Row("train-newest-no-manifest", "the same with only the newest step directory lacking its `manifest.json`",
+        "the run resumes from the newest checkpoint that loads, after a warning from rank 0: `warning: "
+        "step-00000004: no manifest.json (incomplete or damaged; it holds shard-00000.npy, ...); resuming from "
+        "step-00000002`", launched=True),
 ]
 
 

@@ -662,6 +662,9 @@ JOB_BOUND = 30.0  # seconds: how soon a job must end after a fault (docs/errors.
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 TINY = ["--context", "3", "--embed", "5", "--hidden", "7", "--layers", "2", "--batch-size", "10",
         "--sample-chars", "0", "--steps", "1000000", "--log-every", "1", "--dtype", "float64"]
+# The checkpoint rows: the smallest MLP, a few steps.
+CHECKPOINTED = ["--model", "mlp", "--context", "3", "--embed", "5", "--hidden", "7", "--layers", "2",
+                "--batch-size", "10", "--sample-chars", "0", "--log-every", "0", "--dtype", "float64"]
 
 
 @pytest.fixture(scope="module")
@@ -720,6 +723,21 @@ def _train_with_a_killed_rank(env, ranks: int, tmp_path) -> tuple[int, str, floa
             job.wait()
 
 
+def _train_job(env, ranks: int, directory, *flags: str) -> tuple[int, str, float]:
+    """examples/train.py with checkpoints in `directory`, run to its end."""
+    return _launch(env, ranks, [sys.executable, TRAIN, *CHECKPOINTED, "--checkpoint-dir", str(directory), *flags],
+                   {"MPIEXEC_TIMEOUT": "60"})
+
+
+def _resume_without_manifests(env, ranks: int, directory, steps: tuple[int, ...]) -> tuple[int, str, float]:
+    """Save checkpoints at steps 2 and 4, delete the manifests of `steps` (their shards stay), resume."""
+    code, output, _ = _train_job(env, ranks, directory, "--steps", "4", "--checkpoint-every", "2")
+    assert code == 0, output
+    for step in steps:
+        os.remove(os.path.join(directory, f"step-{step:08d}", "manifest.json"))
+    return _train_job(env, ranks, directory, "--steps", "6", "--resume")
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("case", LAUNCHED, ids=[r.id for r in LAUNCHED])
 def test_launched_row(job_env, tmp_path, case: Row, ranks: int):
@@ -747,6 +765,22 @@ def test_launched_row(job_env, tmp_path, case: Row, ranks: int):
     elif case.id == "sigkill":
         code, output, seconds = _launch(job_env, ranks, [*python, str(script), "kill"], {"MPIEXEC_TIMEOUT": "60"})
         assert code != 0, output
+    elif case.id == "train-no-manifest":
+        directory = tmp_path / "ck"
+        code, output, seconds = _resume_without_manifests(job_env, ranks, directory, (2, 4))
+        held = "no manifest.json (incomplete or damaged; it holds shard-00000.npy, shard-00000.npy.json, "
+        refusal = f"{str(directory)!r} holds step directories but no checkpoint to resume from: step-00000004: {held}"
+        assert code == 1 and output.count(refusal) == 1 and "Traceback" not in output, output
+        assert f"step-00000002: {held}" in output and "pass --fresh to start from step 0 anyway" in output, output
+        assert sorted(os.listdir(directory)) == ["step-00000002", "step-00000004"], output  # nothing saved
+        code, output, seconds = _train_job(job_env, ranks, directory, "--steps", "2", "--resume", "--fresh")
+        assert code == 0 and output.count(f"warning: step-00000004: {held}") == 1, output
+        assert f"no checkpoint in {directory} loads: starting from step 0 (--fresh)" in output, output
+    elif case.id == "train-newest-no-manifest":
+        code, output, seconds = _resume_without_manifests(job_env, ranks, tmp_path / "ck", (4,))
+        warning = "warning: step-00000004: no manifest.json (incomplete or damaged; it holds shard-00000.npy, "
+        assert code == 0 and output.count(warning) == 1, output
+        assert "); resuming from step-00000002\n" in output and "resumed from" in output, output
     else:
         assert case.id == "sigkill-train", case.id
         if not os.path.exists(TRAIN):

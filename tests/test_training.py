@@ -336,8 +336,13 @@ def test_a_corrupt_or_foreign_checkpoint_stops_every_rank(comm, shared_dir):
             handle.seek(-1, os.SEEK_END)
             handle.write(bytes([last[0] ^ 0xFF]))
     comm.barrier()
-    with pytest.raises(TrainingError, match="corrupt"):
+    with pytest.raises(TrainingError, match="corrupt") as raised:
         train(replace(config, steps=2, resume=True), comm, TEXT)
+    assert "pass --fresh to start from step 0 anyway" in str(raised.value)
+    lines: list[str] = []  # on purpose: past the corrupt checkpoint, with a warning naming it
+    fresh = train(replace(config, steps=2, resume=True, fresh=True), comm, TEXT, log=lines.append)
+    assert fresh.start_step == 0 and len(fresh.losses) == 2
+    assert any(line.startswith("warning: step-00000001: ") and "corrupt" in line for line in lines), lines
 
 
 def _edit(comm, path: str, change) -> None:
@@ -372,6 +377,90 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(comm, shared_dir):
     warning = next(line for line in lines if line.startswith("warning:"))
     assert "step-00000004" in warning and "corrupt" in warning, lines
     assert resumed.losses == train(replace(TINY, strategy="zero3", steps=6), comm, TEXT).losses
+
+
+def _drop_manifests(comm, directory: str, *steps: int) -> None:
+    """Rank 0 deletes the manifest of these checkpoints (their shards stay); every rank sees it on return."""
+    if comm.rank == 0:
+        for step in steps:
+            os.remove(os.path.join(checkpoint_module.checkpoint_path(directory, step), "manifest.json"))
+    comm.barrier()
+
+
+def _listing(directory: str) -> dict[str, list[str]]:
+    return {name: sorted(os.listdir(os.path.join(directory, name))) for name in sorted(os.listdir(directory))}
+
+
+def test_step_directories_without_a_manifest_stop_every_rank(comm, shared_dir):
+    """Shards without a manifest are not an empty directory: resuming refuses to start from step 0."""
+    config = replace(TINY, strategy="zero3", steps=4, checkpoint_dir=shared_dir, checkpoint_every=2)
+    train(config, comm, TEXT)
+    _drop_manifests(comm, shared_dir, 2, 4)
+    before = _listing(shared_dir)
+    lines: list[str] = []
+    with pytest.raises(TrainingError) as raised:  # on every rank: a rank that went on would fail or hang the test
+        train(replace(config, steps=6, resume=True), comm, TEXT, log=lines.append)
+    message = str(raised.value)
+    assert message.startswith(f"{shared_dir!r} holds step directories but no checkpoint to resume from: "), message
+    for step in ("step-00000004", "step-00000002"):  # each named, with what is missing and what is there
+        assert f"{step}: no manifest.json (incomplete or damaged; it holds shard-00000.npy, " in message, message
+    assert "restore it, or pass --fresh to start from step 0 anyway" in message, message
+    assert not any("starting from step 0" in line for line in lines), lines
+    comm.barrier()
+    assert _listing(shared_dir) == before  # nothing trained, nothing saved, nothing removed
+
+
+def test_fresh_starts_from_step_0_when_no_step_directory_loads(comm, shared_dir):
+    config = replace(TINY, strategy="zero1", steps=4, checkpoint_dir=shared_dir, checkpoint_every=2)
+    train(config, comm, TEXT)
+    _drop_manifests(comm, shared_dir, 2, 4)
+    lines: list[str] = []
+    fresh = train(replace(config, steps=3, resume=True, fresh=True, checkpoint_every=0), comm, TEXT,
+                  log=lines.append)
+    assert fresh.start_step == 0
+    assert fresh.losses == train(replace(TINY, strategy="zero1", steps=3), comm, TEXT).losses
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert [line.split(":")[1].strip() for line in warnings] == ["step-00000004", "step-00000002"], lines
+    assert f"no checkpoint in {shared_dir} loads: starting from step 0 (--fresh)" in lines
+    # Its own checkpoint is the one a later resume takes, past the damaged step 4 (named again).
+    lines.clear()
+    again = train(replace(config, steps=5, resume=True, fresh=True), comm, TEXT, log=lines.append)
+    assert again.start_step == 3
+    assert any(line.startswith("warning: step-00000004: no manifest.json") and
+               line.endswith("; resuming from step-00000003") for line in lines), lines
+
+
+def test_resume_warns_when_it_skips_a_step_directory_without_a_manifest(comm, shared_dir):
+    config = replace(TINY, strategy="ddp", steps=4, checkpoint_dir=shared_dir, checkpoint_every=2)
+    train(config, comm, TEXT)
+    _drop_manifests(comm, shared_dir, 4)
+    lines: list[str] = []
+    resumed = train(replace(config, steps=6, resume=True), comm, TEXT, log=lines.append)
+    assert resumed.start_step == 2
+    warning = next((line for line in lines if line.startswith("warning: ")), None)
+    assert warning is not None and warning.startswith(
+        "warning: step-00000004: no manifest.json (incomplete or damaged; it holds shard-00000.npy, "), lines
+    assert warning.endswith("); resuming from step-00000002"), warning
+    assert lines.index(warning) < next(k for k, line in enumerate(lines) if line.startswith("resumed from "))
+    assert resumed.losses == train(replace(TINY, strategy="ddp", steps=6), comm, TEXT).losses
+    comm.barrier()
+    # The resumed run saved step 4 again: a whole checkpoint replaced the damaged directory.
+    assert [os.path.basename(path) for path in checkpoint_module.complete(shared_dir)] == [
+        "step-00000006", "step-00000004", "step-00000002"]
+
+
+def test_ranks_that_see_different_step_directories_all_stop(comm, shared_dir):
+    """The last rank alone sees step directories without a manifest (a checkpoint directory that is
+    not shared): no rank starts from step 0 while it stops, none waits for it."""
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    config = replace(TINY, strategy="zero2", steps=2, checkpoint_dir=os.path.join(shared_dir, "saved"))
+    train(config, comm, TEXT)
+    _drop_manifests(comm, config.checkpoint_dir, 2)
+    empty = os.path.join(shared_dir, "empty")
+    mine = config.checkpoint_dir if comm.rank == comm.size - 1 else empty
+    with pytest.raises(TrainingError, match="ranks see different checkpoints in"):
+        train(replace(config, steps=4, checkpoint_dir=mine, resume=True), comm, TEXT)
 
 
 def test_keep_prunes_all_but_the_newest_checkpoints(comm, shared_dir):

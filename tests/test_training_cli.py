@@ -52,6 +52,7 @@ def launch(env: dict[str, str], ranks: int, *args: str, python: tuple[str, ...] 
     (["--steps", "-3"], "must be >= 0"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
     (["--resume"], "need --checkpoint-dir"),
+    (["--checkpoint-dir", "ck", "--fresh"], "--fresh applies with --resume only"),
 ])
 def test_bad_flags_get_argparse_messages(env, flags, message):
     done = launch(env, 0, *flags)

@@ -158,6 +158,36 @@ def test_the_learning_rate_schedule():
         TrainConfig(model="mlp", heads=2).check()
 
 
+def test_step_directories_list_those_without_a_manifest(tmp_path):
+    from mpiring.training import checkpoint
+
+    assert checkpoint.step_directories(str(tmp_path / "missing")) == []
+    (tmp_path / "step-00000010").mkdir()
+    (tmp_path / "step-00000010" / "manifest.json").write_text("{}")
+    for name in ("step-00000020", "step-00000005", ".tmp-step-00000030", ".old-step-00000010", "step-x"):
+        (tmp_path / name).mkdir()
+    for k in range(3):
+        (tmp_path / "step-00000020" / f"shard-{k:05d}.npy").write_bytes(b"")
+        (tmp_path / "step-00000020" / f"shard-{k:05d}.npy.json").write_bytes(b"")
+    found = checkpoint.step_directories(str(tmp_path))
+    assert [(entry.step, entry.complete) for entry in found] == [(20, False), (10, True), (5, False)]
+    assert checkpoint.complete(str(tmp_path)) == [str(tmp_path / "step-00000010")]
+    assert checkpoint.unfinished(str(tmp_path)) == [".tmp-step-00000030"]
+    assert checkpoint.missing_manifest(found[0].path) == (
+        "no manifest.json (incomplete or damaged; it holds shard-00000.npy, shard-00000.npy.json, "
+        "shard-00001.npy, shard-00001.npy.json and 2 more files)")
+    assert checkpoint.missing_manifest(found[2].path) == "no manifest.json (incomplete or damaged; it is empty)"
+    (tmp_path / "step-00000040").write_text("not a directory")
+    assert checkpoint.missing_manifest(str(tmp_path / "step-00000040")).startswith(
+        "no manifest.json (incomplete or damaged; it cannot be listed: ")
+
+
+def test_fresh_needs_resume():
+    with pytest.raises(TrainingError, match="fresh applies with resume only"):
+        TrainConfig(checkpoint_dir="ckpt", fresh=True).check()
+    TrainConfig(checkpoint_dir="ckpt", resume=True, fresh=True).check()
+
+
 @pytest.mark.parametrize("total", [0, 1, 7, 10, 64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 8])
 def test_split_bounds_cut_like_array_split(total, parts):

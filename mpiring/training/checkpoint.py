@@ -19,7 +19,10 @@ its own strategy and world size; the reader finds the pieces that overlap them i
 files hold them, checks those files' checksums and copies. So a checkpoint written by 8 ranks
 of ZeRO-3 loads into 3 ranks of DDP (resharding). The ranks agree on any failure, so a bad
 checkpoint stops every rank with the same message instead of hanging some of them; resuming
-then falls back to the newest checkpoint that loads (mpiring.training.trainer). `keep` prunes
+then falls back to the newest checkpoint that loads (mpiring.training.trainer), and names what
+it skipped. A step directory without its manifest lost it after the save (the manifest is
+written before the rename): it is never loaded, but it is listed (step_directories), so that
+resuming can say so rather than start from step 0 as if the directory were empty. `keep` prunes
 all but the newest few after each save.
 """
 
@@ -30,6 +33,7 @@ import io
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 import numpy
@@ -42,6 +46,7 @@ FORMAT = 2  # 2: the manifest carries its own checksum
 MANIFEST = "manifest.json"
 SELF_CHECKSUM = "manifest_sha256"
 _PREFIX = "step-"
+_LISTED = 4  # files named in a message about a step directory without a manifest
 
 
 class CheckpointError(TrainingError):
@@ -52,16 +57,57 @@ def checkpoint_path(directory: str, step: int) -> str:
     return os.path.join(directory, f"{_PREFIX}{step:08d}")
 
 
-def complete(directory: str) -> list[str]:
-    """The complete checkpoints in `directory`, newest first. Temporary directories are skipped
-    by name: only a finished save is ever renamed to step-NNNNNNNN."""
+@dataclass(frozen=True)
+class StepDirectory:
+    """A step-NNNNNNNN entry of a checkpoint directory, with or without its manifest."""
+
+    path: str
+    step: int
+    complete: bool  # has its manifest.json: a finished save (the only kind ever renamed to this name)
+
+
+def step_directories(directory: str) -> list[StepDirectory]:
+    """Every step-NNNNNNNN entry in `directory`, newest first, complete or not. Temporary
+    directories (.tmp-step-..., .old-step-...) are left out by name: they are never read."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    steps = [name for name in names if name.startswith(_PREFIX) and name[len(_PREFIX):].isdigit()]
-    done = [n for n in steps if os.path.isfile(os.path.join(directory, n, MANIFEST))]
-    return [os.path.join(directory, name) for name in sorted(done, reverse=True)]
+    found = [StepDirectory(os.path.join(directory, name), int(name[len(_PREFIX):]),
+                           os.path.isfile(os.path.join(directory, name, MANIFEST)))
+             for name in names if name.startswith(_PREFIX) and name[len(_PREFIX):].isdigit()]
+    return sorted(found, key=lambda entry: entry.step, reverse=True)
+
+
+def complete(directory: str) -> list[str]:
+    """The complete checkpoints in `directory`, newest first. Temporary directories are skipped
+    by name: only a finished save is ever renamed to step-NNNNNNNN."""
+    return [entry.path for entry in step_directories(directory) if entry.complete]
+
+
+def unfinished(directory: str) -> list[str]:
+    """The names of saves that never finished (.tmp-step-...) in `directory`, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((name for name in names if name.startswith(".tmp-" + _PREFIX)), reverse=True)
+
+
+def missing_manifest(path: str) -> str:
+    """Why the step directory at `path`, which has no manifest, is not a checkpoint: what is
+    missing and what is there. A save writes its manifest before the rename that gives the
+    directory this name, so such a directory was damaged or copied in part afterwards."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as error:
+        held = f"it cannot be listed: {error.strerror or error}"
+    else:
+        shown = ", ".join(names[:_LISTED])
+        more = len(names) - _LISTED
+        held = ("it is empty" if not names else
+                f"it holds {shown}" + (f" and {more} more file{'s' * (more > 1)}" if more > 0 else ""))
+    return f"no {MANIFEST} (incomplete or damaged; {held})"
 
 
 def latest(directory: str) -> str | None:

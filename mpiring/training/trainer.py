@@ -7,6 +7,7 @@ every rank of `comm` calls it with the same settings.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     keep: int = 0  # checkpoints kept after each save, newest first; 0 keeps all
     resume: bool = False
+    fresh: bool = False  # with resume: start from step 0 when no checkpoint loads, instead of stopping
     log_every: int = 1
     sample_chars: int = 200
     warmup: int | None = None  # learning-rate schedule (see schedule); None: the model's
@@ -134,6 +136,8 @@ class TrainConfig:
             raise TrainingError("steps, checkpoint_every and keep must be >= 0, batch_size >= 1")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise TrainingError("checkpoint_every and resume need a checkpoint directory")
+        if self.fresh and not self.resume:
+            raise TrainingError("fresh applies with resume only (a run without resume starts from step 0)")
 
 
 @dataclass
@@ -176,35 +180,70 @@ def build(config: TrainConfig, comm: Any, data: CharData) -> Strategy:
                                        algorithm=config.algorithm)
 
 
+def _agreed_step_directories(comm: Any, directory: str) -> list[checkpoint.StepDirectory]:
+    """Collective: the step directories in `directory`, which every rank must see alike (each
+    one's step, and whether it has its manifest); raises on every rank if they do not, so the
+    ranks take the same decisions from here on."""
+    found = checkpoint.step_directories(directory)
+    seen = numpy.array([[entry.step, entry.complete] for entry in found] or [[-1, 0]], dtype=numpy.int64).ravel()
+    count = comm.broadcast(numpy.array([seen.size]), root=0)
+    first = comm.broadcast(seen.copy() if seen.size == count[0] else numpy.zeros(count[0], numpy.int64), root=0)
+    agree(comm, None if numpy.array_equal(first, seen) else
+          f"ranks see different checkpoints in {directory!r}: is it on a shared file system?",
+          checkpoint.CheckpointError)
+    return found
+
+
 def _resume(config: TrainConfig, strategy: Strategy, meta: dict[str, Any], log: Callable[[str], None]
             ) -> tuple[int, list[float]]:
     """Load the newest checkpoint in config.checkpoint_dir that loads: (first step to run, losses).
 
-    A newer one that is corrupt or edited is skipped with a warning naming what is wrong; if
-    none loads, every rank raises the newest one's error (never a silent fresh start).
+    Newer step directories that do not load (no manifest.json, a corrupt shard, an edited
+    manifest, another run's) are skipped, each with a warning naming it, why, and the checkpoint
+    resumed from instead. If none loads, every rank raises (never a silent fresh start) unless
+    config.fresh asks to start from step 0; only a directory with no step directory at all
+    starts from step 0 by itself (a first run).
     """
-    comm = strategy.comm
-    paths = checkpoint.complete(config.checkpoint_dir)
-    seen = numpy.array([int(path.rsplit("-", 1)[1]) for path in paths] or [-1], dtype=numpy.int64)
-    count = comm.broadcast(numpy.array([seen.size]), root=0)
-    first = comm.broadcast(seen.copy() if seen.size == count[0] else numpy.zeros(count[0], numpy.int64), root=0)
-    agree(comm, None if numpy.array_equal(first, seen) else
-          f"ranks see different checkpoints in {config.checkpoint_dir!r}: is it on a shared file system?")
-    if not paths:
-        log(f"no checkpoint in {config.checkpoint_dir}: starting from step 0")
+    directory = config.checkpoint_dir
+    found = _agreed_step_directories(strategy.comm, directory)
+    if not found:
+        unfinished = checkpoint.unfinished(directory)
+        what = "a save that never finished" if len(unfinished) == 1 else "saves that never finished"
+        note = f" ({', '.join(unfinished)}: {what}, never read)" if unfinished else ""
+        log(f"no checkpoint in {directory}{note}: starting from step 0")
         return 0, []
-    failures: list[checkpoint.CheckpointError] = []
-    for path in paths:
-        try:
-            manifest = checkpoint.load(path, strategy, meta)
-        except checkpoint.CheckpointError as error:  # every rank has the same error here
-            failures.append(error)
-            log(f"warning: {error}; trying the checkpoint before it")
+    skipped: list[tuple[str, str]] = []  # (name, why), newest first
+    errors: list[checkpoint.CheckpointError] = []
+    for entry in found:  # every rank takes the same turns: the listing is agreed, load() agrees on failure
+        name = os.path.basename(entry.path)
+        if not entry.complete:
+            skipped.append((name, checkpoint.missing_manifest(entry.path)))
             continue
-        log(f"resumed from {path} (step {manifest['step']}, saved by {manifest['strategy']} on "
+        try:
+            manifest = checkpoint.load(entry.path, strategy, meta)
+        except checkpoint.CheckpointError as error:
+            errors.append(error)
+            skipped.append((name, str(error)))
+            continue
+        for other, why in skipped:
+            log(f"warning: {other}: {why}; resuming from {name}")
+        log(f"resumed from {entry.path} (step {manifest['step']}, saved by {manifest['strategy']} on "
             f"{manifest['world_size']} ranks)")
         return int(manifest["step"]), [float(x) for x in manifest["losses"]]
-    raise failures[0]
+    hint = "pass --fresh to start from step 0 anyway (nothing in the directory is removed)"
+    if config.fresh or errors:  # (without them, the error below names every directory itself)
+        for other, why in skipped:
+            log(f"warning: {other}: {why}")
+    if config.fresh:
+        log(f"no checkpoint in {directory} loads: starting from step 0 (--fresh)")
+        return 0, []
+    if errors:  # the newest complete checkpoint's own error says most
+        raise checkpoint.CheckpointError(f"{errors[0]}; no checkpoint in {directory!r} loads: {hint}") from errors[0]
+    listing = "; ".join(f"{other}: {why}" for other, why in skipped)
+    raise checkpoint.CheckpointError(
+        f"{directory!r} holds step directories but no checkpoint to resume from: {listing}. A save writes "
+        f"{checkpoint.MANIFEST} before the directory gets its step name, so it was lost afterwards (deleted, or "
+        f"not copied): restore it, or {hint}")
 
 
 def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] | None = None,
