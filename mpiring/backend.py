@@ -170,3 +170,16 @@ def is_device_array(x: Any) -> bool:
     """Whether `x` is a CuPy array (its type comes from cupy and exposes the CUDA Array Interface)."""
     kind = type(x)
     return kind.__module__.startswith("cupy") and hasattr(kind, "__cuda_array_interface__")
+
+
+def binding(array: Any) -> Any:
+    """Where a plan or persistent request bound to `array` reads or writes it: its memory's
+    address and whether it is read-only, its strides (None: C-contiguous), shape and element
+    type, from the NumPy or CUDA array interface; None for None. An array restrided, resized or made read-only since is
+    bound elsewhere. Anything without either interface gives a new object, equal to no other."""
+    if array is None:
+        return None
+    face = getattr(array, "__cuda_array_interface__", None) or getattr(array, "__array_interface__", None)
+    if face is None:
+        return object()
+    return face["data"], face.get("strides"), face["shape"], face["typestr"]

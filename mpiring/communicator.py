@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from threading import get_ident
 from typing import Any, NamedTuple
@@ -25,12 +25,13 @@ from mpiring.catalogue import CATALOGUE, SAME_SIZE_EVERYWHERE
 from mpiring.engine import compiled
 from mpiring.engine.cache import Cache, Seen
 from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_recorded, run_recorded, run_to_end
+from mpiring.engine.farewell import leaving, let_go, say_farewell
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan, Sighting, build_plan
 from mpiring.engine.schedule import Schedule, Unschedulable, bindable, build_schedule, layout_key
 from mpiring.engine.scratch import POOL_BYTES
 from mpiring.engine.transport import Call, Steps, Traffic, persistent_sends_suit
-from mpiring.engine.waiting import YIELD_SECONDS, leave_notice
+from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
 from mpiring.errors import (
     ArgumentError,
     CommunicationError,
@@ -62,6 +63,11 @@ class Built(NamedTuple):
     body: Callable[[Any], Steps]  # the call's steps for a backend (its own, or a plan's recorder)
     plannable: bool  # whether it may be recorded as a plan
     exchanging: bool = False  # whether it exchanges a layout before the data (a bit of its tag)
+
+    def identity(self) -> int:
+        """What the call's tags say it is (mpiring.identity)."""
+        x, op, root, _ = self.call.checked
+        return identity.of_call(self.call.collective, x, op, root, self.exchanging)
 
 
 _NDARRAY = numpy.ndarray
@@ -104,20 +110,20 @@ class Communicator(BufferAPI):
         self.timeout = check_timeout("Communicator", timeout)  # None: no limit
         self._mpi = base
         self._freed = False
-        try:
+        let_go()  # communicators freed earlier whose peers' farewells have come since
+        with _communicator_made():
             private = base.Dup()
-        except MPI.Exception as error:  # most often: every context id in use
-            raise CommunicationError(
-                "Communicator", f"MPI could not make a communicator ({_last_line(error.Get_error_string())}); "
-                "if the program makes many, free() each one it no longer needs, or use "
-                "`with mpiring.Communicator() as comm:`",
-            ) from error
         self._ring = Ring(private)
         self._ring.describe = identity.describe
         self._ring.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
                                       or IN_FLIGHT_BYTES)
-        self._ring.node_local, cores_for_all = _node_facts(self._ring.comm)
+        try:
+            with _communicator_made():
+                self._ring.node_local, cores_for_all = _node_facts(self._ring.comm)
+        except CommunicationError:
+            private.Free()
+            raise
         busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
         self._ring.busy_poll = cores_for_all if busy_poll is None else busy_poll
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
@@ -172,18 +178,24 @@ class Communicator(BufferAPI):
     def free(self) -> None:
         """Release the private MPI communicator (collective; a second call does nothing).
 
-        Collectives called afterwards raise CommunicatorFreedError. A rank where a call raised
-        keeps the MPI communicator (one context id) instead: its peers may hold messages from it,
-        or it from them, that no receive will take (notices, an abandoned call's data), and MPI
-        could match them in a later communicator given the same context.
+        Nonblocking collectives still in flight finish first (each up to its timeout; an error
+        stays with its request, whose wait() raises it). Collectives called afterwards raise
+        CommunicatorFreedError. The MPI communicator is freed once every peer's farewell has
+        come (engine.farewell): free() never waits for it, a later free() or Communicator()
+        of the process finishes the job. A rank where a call was abandoned with messages in
+        flight (a timeout) keeps its MPI communicator (one context id): MPI may still use them.
         """
-        if not self._freed:
-            self._freed = True
-            self._blocking = self._blocking_in_python  # the shortcut's memo of its last hit goes too
-            self._cache.clear(keep=self._ring.abandoned)
-            self._ring.scratch_pool.clear()
-            if not self._ring.failures:
-                self._ring.comm.Free()
+        if self._freed:
+            return
+        ring = self._ring
+        for request in list(ring.in_flight):
+            with contextlib.suppress(MpiringError):  # kept by the request: its wait() raises it
+                request.wait()
+        self._freed = True
+        self._blocking = self._blocking_in_python  # the shortcut's memo of its last hit goes too
+        self._cache.clear(keep=ring.abandoned)
+        ring.scratch_pool.clear()
+        say_farewell(ring)
 
     def __enter__(self) -> Communicator:
         return self
@@ -203,13 +215,13 @@ class Communicator(BufferAPI):
     # identity (`_on_device_arrays`). Nonblocking calls run their generator.
 
     def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
-              root: Any = None) -> Call:
+              root: Any = None, counts: list[int] | None = None) -> Call:
         self._usable(collective)
         algorithm = check_algorithm(collective, algorithm)
         timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
-        call = Call(collective, algorithm, self._ring.next_tag(), timeout, checked=(x, op, root))
-        if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op and root first
-            self._check.compare(call, x, op, root)  # its exchange, like every call, breaks the ring on failure
+        call = Call(collective, algorithm, self._ring.next_tag(), timeout, checked=(x, op, root, counts))
+        if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op, root and counts first
+            self._check.compare(call, x, op, root, counts)  # its exchange, like every call, breaks the ring on failure
         return call
 
     def _usable(self, collective: str) -> None:
@@ -242,6 +254,16 @@ class Communicator(BufferAPI):
         exchange itself fails, the ArgumentError is still what this rank raises."""
         with contextlib.suppress(MpiringError):
             self._check.refuse(collective, self.timeout, error)
+
+    def _checked(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any) -> tuple:
+        """(x, op, root, counts) as a call's tag and MPIRING_CHECK name it: scatter with counts= names
+        the dtype and rows of the root's x and of every other rank's out= (its tag carries the dtype);
+        alltoallv's counts differ by rank (not compared)."""
+        if collective == "scatter":
+            x = None if counts is None else x if self.rank == root else out
+        if collective == "alltoallv":
+            counts = None
+        return x, op, root, counts
 
     def _check_aliasing(self, collective: str, x: Any, out: Any) -> None:
         """Refuse a call whose output overlaps an array of a collective still in flight, or whose
@@ -277,39 +299,48 @@ class Communicator(BufferAPI):
             known = self._cache.table.get(key)
         except TypeError:  # an unhashable op, root, counts or algorithm: the builder's checks name it
             key, known = None, None
+        received = ring.received
         try:
-            # A schedule only stays cached while the communicator is usable (see _failed and free).
-            if known.__class__ is Schedule and ring.owner == get_ident() and known.fits(x, out):
-                # the call count keeps the ranks' sequence numbers together, as a built call does,
-                # and dates the schedule's use (the least recently used is evicted first)
-                ring.calls = known.used = ring.calls + 1
-                if ring.in_flight:
-                    self._check_aliasing(collective, x, out)
-                if self._check is not None:
-                    self._check.compare(known.call, x, op, root)
-                return self._run_schedule(known, x, out, self.timeout if timeout is None else
-                                          check_timeout(collective, timeout))
-            built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
-            call = built.call
-            call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
-            if key is None or not (built.plannable or built.exchanging):
-                return run_to_end(ring, built.body(built.backend), call)
-            if known is None:  # seen once: recorded the next time
-                self._cache.add(key, Seen(), ring.calls)
-            if not (known.__class__ is Seen and known.recordable and bindable(x, out)):
-                return run_to_end(ring, built.body(built.backend), call)
-            if built.exchanging:  # run it, seeing its layout round's table, then record it
-                return self._run_and_record(key, known, built, x, out)
-            try:  # the second call of this layout: record it
-                schedule = self._record(call, built, x, out)
-            except Unschedulable:
-                known.recordable = False  # it runs unrecorded from now on, without trying again
-                return run_to_end(ring, built.body(built.backend), call)
-            self._cache.add(key, schedule, ring.calls)
-            return self._run_schedule(schedule, x, out, call.timeout)
+            result = self._host_call(key, known, collective, x, out, op, root, counts, algorithm, timeout)
+            if ring.received != received:  # it took data: none may come from a call a peer left
+                no_notice(ring, collective, algorithm)
+            return result
         except BaseException as error:
             self._blocking_failed(error)
             raise
+
+    def _host_call(self, key: tuple | None, known: Any, collective: str, x: Any, out: Any, op: Any, root: Any,
+                   counts: Any, algorithm: Any, timeout: Any) -> Any:
+        ring = self._ring
+        # A schedule only stays cached while the communicator is usable (see _failed and free).
+        if known.__class__ is Schedule and ring.owner == get_ident() and known.fits(x, out):
+            # the call count keeps the ranks' sequence numbers together, as a built call does,
+            # and dates the schedule's use (the least recently used is evicted first)
+            ring.calls = known.used = ring.calls + 1
+            if ring.in_flight:
+                self._check_aliasing(collective, x, out)
+            if self._check is not None:
+                self._check.compare(known.call, *self._checked(collective, x, out, op, root, counts))
+            return self._run_schedule(known, x, out, self.timeout if timeout is None else
+                                      check_timeout(collective, timeout))
+        built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
+        call = built.call
+        call.tag = ring.blocking_tag(built.identity())
+        if key is None or not (built.plannable or built.exchanging):
+            return run_to_end(ring, built.body(built.backend), call)
+        if known is None:  # seen once: recorded the next time
+            self._cache.add(key, Seen(), ring.calls)
+        if not (known.__class__ is Seen and known.recordable and bindable(x, out)):
+            return run_to_end(ring, built.body(built.backend), call)
+        if built.exchanging:  # run it, seeing its layout round's table, then record it
+            return self._run_and_record(key, known, built, x, out)
+        try:  # the second call of this layout: record it
+            schedule = self._record(call, built, x, out)
+        except Unschedulable:
+            known.recordable = False  # it runs unrecorded from now on, without trying again
+            return run_to_end(ring, built.body(built.backend), call)
+        self._cache.add(key, schedule, ring.calls)
+        return self._run_schedule(schedule, x, out, call.timeout)
 
     def _run_and_record(self, key: tuple, known: Seen, built: Built, x: Any, out: Any) -> Any:
         """A call with a layout round, run unrecorded while the table its round brings is kept
@@ -345,6 +376,8 @@ class Communicator(BufferAPI):
 
     def _run_schedule(self, schedule: Schedule, x: Any, out: Any, timeout: float | None) -> Any:
         schedule.count_run()
+        schedule.number(self._ring.calls)
+        self._ring.received += schedule.receives
         schedule.bind(x, out)
         result = run_recorded(self._ring, schedule, timeout)  # raising, it stays bound: MPI may still use them
         schedule.unbind()
@@ -355,18 +388,17 @@ class Communicator(BufferAPI):
         """A call on device arrays (or array-likes): its plan, found by the arrays' identity."""
         ring = self._ring
         table = self._cache.table
+        received = ring.received
         try:
             key = (collective, id(x), id(out), op, root, counts, algorithm)
             known = table.get(key)
         except TypeError:  # an unhashable op, root, counts or algorithm: the builder's checks name it
             key, known = None, None
         try:
-            # The same arrays may have had their shape or dtype reassigned in place: compare them.
+            # The same arrays may have been reshaped, restrided or retyped in place (Plan.fits).
             # Device arrays may have changed path (mpiring.gpu.device_backend reads the
             # environment on every call): compare their backend too.
-            if (known.__class__ is Plan and ring.owner == get_ident()
-                    and (x is None or (x.shape == known.x_shape and x.dtype is known.x_dtype))
-                    and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))
+            if (known.__class__ is Plan and ring.owner == get_ident() and known.fits(x, out)
                     and backend_for(out if x is None else x) is known.backend):
                 ring.calls = known.used = ring.calls + 1
                 if ring.in_flight:
@@ -374,18 +406,27 @@ class Communicator(BufferAPI):
                 if self._check is not None:
                     self._check.compare(known.call, *known.call.checked)
                 timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
-                return run_recorded(ring, known, timeout)
+                result = run_recorded(ring, known, timeout)
+                if known.receives:  # it took data: none may come from a call a peer left
+                    no_notice(ring, collective, algorithm)
+                return result
             built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
             call = built.call
-            call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
+            call.tag = ring.blocking_tag(built.identity(), numbered=built.backend is NUMPY)
             if built.plannable and key is not None and _caller_arrays(x, out, built.backend):
                 if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
                     plan = build_plan(ring, built.backend, call, built.body)
                     plan.bind(x, out)
                     self._cache.add(key, plan, ring.calls)
-                    return run_recorded(ring, plan, call.timeout)
-                self._cache.add(key, Sighting(x, out), ring.calls)
-            return run_to_end(ring, built.body(built.backend), call)
+                    result = run_recorded(ring, plan, call.timeout)
+                else:
+                    self._cache.add(key, Sighting(x, out), ring.calls)
+                    result = run_to_end(ring, built.body(built.backend), call)
+            else:
+                result = run_to_end(ring, built.body(built.backend), call)
+            if ring.received != received:  # it took data: none may come from a call a peer left
+                no_notice(ring, collective, algorithm)
+            return result
         except BaseException as error:
             self._blocking_failed(error)
             raise
@@ -418,7 +459,11 @@ class Communicator(BufferAPI):
     def _start(self, collective: str, *args: Any) -> CollectiveRequest:
         try:
             built = self._build(collective, *args)
-            built.call.arrays = (args[0], args[1])  # x, out
+            call = built.call
+            # its sequence number, with its kind beside it: ranks that start different kinds of
+            # call at the same place never match each other's messages
+            call.tag = self._ring.tags.sequence(self._ring.calls, built.identity())
+            call.arrays = (args[0], args[1])  # x, out
             return CollectiveRequest(self._ring, built.body(built.backend), built.call)
         except BaseException:
             self._failed()
@@ -432,7 +477,7 @@ class Communicator(BufferAPI):
             recorded = None
             # one tag for the request's life, recorded or not: whether a rank could record it
             # (its arrays may not bind) does not change a message, so ranks need not agree on it
-            call.tag = ring.persistent_tag()
+            call.tag = ring.persistent_tag(built.identity())
             if built.plannable and _caller_arrays(x, out, backend):
                 recorded = self._record_persistent(built, x, out)
         except BaseException:
@@ -512,7 +557,7 @@ class Communicator(BufferAPI):
         x = check_array("gather", "x", x, backend, split=True)
         root = check_root("gather", root, self.size)
         rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend)
-        call = self._call("gather", algorithm, timeout, x, None, root)
+        call = self._call("gather", algorithm, timeout, x, None, root, rows)
         body = partial(collectives.gather, self._ring, call=call, x=x, root=root, out=out, rows=rows)
         return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
 
@@ -520,7 +565,7 @@ class Communicator(BufferAPI):
         backend = backend_for(x)
         x = check_array("allgather", "x", x, backend, split=True)
         rows = self._known_rows("allgather", x, out, counts, backend)
-        call = self._call("allgather", algorithm, timeout, x)
+        call = self._call("allgather", algorithm, timeout, x, None, None, rows)
         body = partial(collectives.allgather, self._ring, call=call, x=x, out=out, rows=rows)
         return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
 
@@ -559,8 +604,10 @@ class Communicator(BufferAPI):
             if out is None or not backend.is_array(out) or out.ndim == 0:
                 raise ArgumentError("scatter", "out", "must be given on every rank with counts= (it gives the "
                                     "dtype and row shape, which only the root's x has)")
+            check_array("scatter", "out", out, backend)  # a dtype it can take, in native byte order
+            check_out("scatter", out, out.shape, out.dtype, backend)  # writable
             layout = ((sum(counts), *out.shape[1:]), out.dtype)
-        call = self._call("scatter", algorithm, timeout, None, None, root)
+        call = self._call("scatter", algorithm, timeout, *self._checked("scatter", x, out, None, root, counts))
         body = partial(collectives.scatter, self._ring, call=call, x=x, root=root, out=out, root_problem=root_problem,
                        counts=counts, layout=layout)
         plannable = layout is not None and _plannable(backend, x if self.rank == root else None)
@@ -575,7 +622,7 @@ class Communicator(BufferAPI):
             raise ArgumentError("reduce_scatter", "counts", f"add up to {sum(counts)} rows but x has {x.shape[0]}")
         rows = row_bounds(x.shape[0], self.size, counts)
         check_out("reduce_scatter", out, (rows[self.rank + 1] - rows[self.rank], *x.shape[1:]), x.dtype, backend)
-        call = self._call("reduce_scatter", algorithm, timeout, x, op)
+        call = self._call("reduce_scatter", algorithm, timeout, x, op, None, counts)
         body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out, counts=counts)
         return Built(call, backend, body, _plannable(backend, x))
 
@@ -902,6 +949,21 @@ def _node_facts(comm: MPI.Intracomm) -> tuple[bool, bool]:
         return shared.Get_size() == comm.Get_size(), len(cpus) >= max(shared.Get_size(), local_ranks())
     finally:
         shared.Free()
+
+
+@contextlib.contextmanager
+def _communicator_made() -> Iterator[None]:
+    """Around an MPI call that makes a communicator: MPI's error, most often that every context
+    id is in use, becomes CommunicationError."""
+    try:
+        yield
+    except MPI.Exception as error:
+        waiting = f"; {leaving()} freed here still wait for a peer's free()" if leaving() else ""
+        raise CommunicationError(
+            "Communicator", f"MPI could not make a communicator ({_last_line(error.Get_error_string())}{waiting}); "
+            "if the program makes many, free() each one it no longer needs on every rank, or use "
+            "`with mpiring.Communicator() as comm:`",
+        ) from error
 
 
 def _allowed_cpus() -> set[int]:

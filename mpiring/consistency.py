@@ -11,13 +11,17 @@ The fingerprint of a call (one fixed-size record per rank):
     op           reduce, allreduce, reduce_scatter, scan,       "sum", ...
                  exscan
     root         broadcast, reduce, gather, scatter             the root rank
-    dtype        all but barrier and scatter                    numpy's dtype.str ("<f8")
+    dtype        all but barrier and scatter without counts=    numpy's dtype.str ("<f8": byte order too)
     shape        broadcast, reduce, allreduce, reduce_scatter,  the whole shape
                  alltoall, scan, exscan
-    row shape    gather, allgather, alltoallv                   shape[1:] (row counts may differ)
+    row shape    gather, allgather, alltoallv, scatter with     shape[1:] (row counts may differ)
+                 counts=
+    counts       gather, allgather, reduce_scatter, scatter     counts= as given, or none
+                 (every rank passes the same list)
 
-scatter's non-root ranks know neither the dtype nor the shape (only the root holds the data),
-so scatter compares only seq, collective, algorithm and root. When the collectives themselves
+Without counts=, scatter's non-root ranks know neither the dtype nor the shape (only the root
+holds the data), so scatter compares only seq, collective, algorithm, root and counts; with
+counts= they compare their out=, the root its x. When the collectives themselves
 differ, only that (and seq) is reported: the other fields of different collectives do not
 compare meaningfully.
 
@@ -51,11 +55,14 @@ import numpy
 
 from mpiring import environment
 from mpiring.backend import NUMPY, dtype_token
-from mpiring.catalogue import JOINING, REDUCING, ROOTED, WITHOUT_DATA
+from mpiring.catalogue import JOINING, REDUCING, ROOTED
 from mpiring.engine.executor import run_to_end
 from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
 from mpiring.ring import Ring
+
+_BY_ROWS = (*JOINING, "scatter")  # collectives whose ranks agree on rows' shape, not the whole
+_COUNTED = ("gather", "allgather", "reduce_scatter", "scatter")  # counts= is the same on every rank
 
 # Collective calls take tags from 1 up (Ring.next_tag), never 0: 0 is the check's own.
 CHECK_TAG = 0
@@ -76,6 +83,7 @@ RECORD = numpy.dtype([
     ("ndim", "<i8"),
     ("dims", "<i8", (_MAX_DIMS,)),
     ("shape_crc", "<i8"),
+    ("counts_crc", "<i8"),  # counts= (a checksum of the list), _UNKNOWN where none was given
     # a rank that refused its own arguments: the ArgumentError's kind (0: none), argument, problem
     ("error_kind", "<i8"),
     ("argument", f"S{_TEXT}"),
@@ -130,20 +138,22 @@ class Checker:
         self._words = self.table.view(numpy.int64).reshape(ring.size, -1)  # word 0 is seq
         self._sends, self._receives = _pairs(ring, self._rows)
 
-    def compare(self, call: Call, x: Any = None, op: str | None = None, root: int | None = None) -> None:
+    def compare(self, call: Call, x: Any = None, op: str | None = None, root: int | None = None,
+                counts: Any = None) -> None:
         """Exchange this call's fingerprint with every rank; raise CallMismatchError on a difference.
 
         `x` is the checked input array (None where the collective has none or this rank cannot
-        know it), `op` and `root` as the call was given them.
+        know it), `op`, `root` and `counts` as the call was given them.
         """
         self.seq += 1
         ring, collective = self.ring, call.collective
         dtype, shape = "", None
-        if x is not None and collective not in WITHOUT_DATA:
-            dtype, shape = dtype_token(x.dtype), tuple(x.shape[1:] if collective in JOINING else x.shape)
+        if x is not None:  # (None: barrier, and scatter without counts= everywhere but its root)
+            dtype, shape = dtype_token(x.dtype), tuple(x.shape[1:] if collective in _BY_ROWS else x.shape)
         self._rows[ring.rank] = _record(
             collective, call.algorithm, op if collective in REDUCING else None,
             root if collective in ROOTED else None, dtype, shape,
+            None if counts is None else tuple(int(n) for n in counts),
         )
         self._exchange(call)
         records = self.table.tobytes()
@@ -186,7 +196,8 @@ class Checker:
 
 @functools.lru_cache(maxsize=512)
 def _record(
-    collective: str, algorithm: str, op: str | None, root: int | None, dtype: str, shape: tuple[int, ...] | None
+    collective: str, algorithm: str, op: str | None, root: int | None, dtype: str, shape: tuple[int, ...] | None,
+    counts: tuple[int, ...] | None = None,
 ) -> numpy.ndarray:
     """A call's record with seq 0, as bytes (calls repeat, so records are cached; seq is set per call)."""
     record = numpy.zeros(1, RECORD)
@@ -198,6 +209,7 @@ def _record(
         record["ndim"] = len(shape)
         record["dims"][0, : min(len(shape), _MAX_DIMS)] = shape[:_MAX_DIMS]
         record["shape_crc"] = zlib.crc32(repr(tuple(int(n) for n in shape)).encode())
+    record["counts_crc"] = _UNKNOWN if counts is None else zlib.crc32(repr(counts).encode())
     return record.view(numpy.uint8)
 
 
@@ -272,7 +284,10 @@ def _field_values(record: Any) -> dict[str, str]:
         shown["root"] = str(int(record["root"]))
     if record["dtype"]:  # empty where this rank has no data to describe (barrier, scatter)
         shown["dtype"] = record["dtype"].decode()
-        shown["row shape" if collective in JOINING else "shape"] = _shape_text(record)
+        shown["row shape" if collective in _BY_ROWS else "shape"] = _shape_text(record)
+    if collective in _COUNTED:
+        crc = int(record["counts_crc"])
+        shown["counts"] = "none" if crc == _UNKNOWN else f"a list (checksum {crc:08x})"
     return shown
 
 
@@ -281,7 +296,8 @@ def _differences(table: Any) -> dict[str, dict[str, list[int]]]:
     values = [_field_values(record) for record in table]
     fields = ["collective", "seq"]
     if len({v["collective"] for v in values}) == 1:
-        fields += [name for name in ("algorithm", "op", "root", "dtype", "shape", "row shape") if name in values[0]]
+        fields += [name for name in ("algorithm", "op", "root", "dtype", "shape", "row shape", "counts")
+                   if name in values[0]]
     groups: dict[str, dict[str, list[int]]] = {}
     for name in fields:
         by_value: dict[str, list[int]] = {}

@@ -67,7 +67,9 @@ class CollectiveTimeout(MpiringError, TimeoutError):
 
     Names the collective, the algorithm, the step it was in and the peer ranks whose messages
     had not arrived or been taken: usually a rank that skipped the collective, called a different
-    one, or died. The communicator is left with messages in flight and should not be used again.
+    one, or died. The call's receives still posted are cancelled, so nothing is written into its
+    arrays afterwards; its sends may still read `x` (and an `out=` it sends from) until the peers
+    take them, so leave those unwritten while the job goes on. The communicator takes no more calls.
     """
 
     def __init__(self, collective: str, algorithm: str, step: int, waiting_on: list[str], seconds: float) -> None:
@@ -77,7 +79,8 @@ class CollectiveTimeout(MpiringError, TimeoutError):
         self.waiting_on = waiting_on
         super().__init__(
             f"{collective} ({algorithm}) timed out after {seconds:g} s in step {step}, "
-            f"still waiting to {', '.join(waiting_on)}"
+            f"still waiting to {', '.join(waiting_on)} (its receives were cancelled; its sends may still read x "
+            "until those ranks take them: do not write x while the job goes on)"
         )
 
 

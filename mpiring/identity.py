@@ -23,7 +23,7 @@ from typing import Any
 
 from mpiring.algorithms import ALGORITHMS
 from mpiring.backend import SUPPORTED_DTYPES
-from mpiring.catalogue import NAMES, REDUCING, ROOTED, WITHOUT_DATA
+from mpiring.catalogue import NAMES, REDUCING, ROOTED
 from mpiring.engine.tags import NOTICE
 from mpiring.ops import OPS
 
@@ -44,7 +44,7 @@ def of_call(collective: str, x: Any, op: Any, root: Any, layout_round: bool) -> 
     """The identity of a blocking call before its algorithm is chosen (`x`, `op`, `root` as the
     call checked them; x None where this rank does not know the data's dtype)."""
     bits = _CODE["collective"][collective] << _COLLECTIVE_SHIFT | layout_round
-    if x is not None and collective not in WITHOUT_DATA and not layout_round:  # a layout round compares dtypes
+    if x is not None and not layout_round:  # a layout round compares dtypes
         bits |= _CODE["dtype"].get(x.dtype, _OTHER_DTYPE) << _DTYPE_SHIFT
     if collective in REDUCING:
         bits |= _CODE["op"][op] << _OP_SHIFT

@@ -88,6 +88,7 @@ class Ring:
         # Communicator finds out; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
         self.busy_poll = False
         self.calls = 0  # collective calls made so far; each took a tag
+        self.received = 0  # steps posted with receives so far (a call that received nothing needs no notice check)
         self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (the Communicator sets it)
         # nonblocking collectives not yet done: every wait advances them all (waiting.wait_step)
         self.in_flight: list[InFlight] = []
@@ -123,6 +124,8 @@ class Ring:
         """
         if self.recorder is not None:
             return self.recorder.post(backend, tag, sends, receives)
+        if receives:
+            self.received += 1
         if backend.staged:
             return backend.post_staged(self, tag, sends, receives)
         if sends:
@@ -174,15 +177,17 @@ class Ring:
         self.calls += 1
         return self.tags.sequence(self.calls)
 
-    def blocking_tag(self, identity: int) -> int:
-        """The tag of a blocking call of this identity (mpiring.identity); its generation changes
-        after every call that raised here."""
-        return self.tags.blocking(self.failures, identity)
+    def blocking_tag(self, identity: int, numbered: bool = True) -> int:
+        """The tag of the blocking call running now, of this identity (mpiring.identity), with its
+        sequence number (`numbered`; calls on device buffers, whose plans bind their tags for
+        life, take none); its generation changes after every call that raised here."""
+        return self.tags.blocking(self.failures, identity, self.calls if numbered else 0)
 
-    def persistent_tag(self) -> int:
-        """A tag for a new persistent request (made collectively, in the same order everywhere)."""
+    def persistent_tag(self, identity: int) -> int:
+        """A tag for a new persistent request of this identity (made collectively, in the same
+        order everywhere)."""
         self.persistent_requests += 1
-        return self.tags.persistent(self.persistent_requests)
+        return self.tags.persistent(self.persistent_requests, identity)
 
     # ---- who may call, and what a failed call leaves behind ----
 

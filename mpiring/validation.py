@@ -110,6 +110,8 @@ def out_problem(out: Any, shape: tuple[int, ...], dtype: Any, backend: NumpyBack
     """Why `out` cannot receive a result of this shape and dtype, or None when it can."""
     if not backend.is_array(out):
         return f"must be a {backend.name} array, got {type(out).__name__}"
+    if not out.dtype.isnative:  # (a non-native dtype may even compare equal to a native one by name)
+        return f"has dtype {out.dtype}, which is not in native byte order"
     if out.dtype != dtype:
         return f"has dtype {out.dtype}, expected {dtype}"
     if tuple(out.shape) != tuple(shape):

@@ -85,14 +85,14 @@ ROWS: list[Row] = [
         "afterwards: a call that raises moves its rank's blocking tags to a new generation (docs/engine.md, tags), "
         "so no message of the abandoned call can match a later one, and sends every other rank an empty notice. "
         "A peer waiting for it in that call or a later one raises `MessageMismatchError` within about 50 ms "
-        "(`rank 0 raised in a blocking call and left it (see the error there) while this rank waits in ...`); "
+        "(`rank 0 raised in a call and left it (see the error there) while this rank waits in ...`); "
         "the rejecting rank's next call that waits for a peer sees the abandoned call's message and raises too "
         "(`... this rank has seen 1 more failed call(s) than rank 1 ...`). Peers that need nothing from it (a "
         "reduce's senders) return their own result, None. Make a new communicator", min_ranks=2),
     Row("out-some-ranks", f"`out=` that is wrong on some ranks only, every rank passing the same (reduce-scatter "
         f"of p+2 rows with `out=` of 1 row: rank 0's and 1's parts have 2; {T}), or on the root only",
         "`ArgumentError` where it is wrong; every other rank raises `MessageMismatchError` within about 50 ms, "
-        "from the notice of a rank that raised (`rank 1 raised in a blocking call and left it (see the error "
+        "from the notice of a rank that raised (`rank 1 raised in a call and left it (see the error "
         "there) ...`); no rank waits for its timeout. With `MPIRING_CHECK=1` every rank raises the same "
         "`ArgumentError` at once (`reduce: argument 'out': has shape (3,), expected (2,) (on rank 0; "
         "MPIRING_CHECK makes every rank raise it)`), and the communicator stays usable", min_ranks=2),
@@ -162,8 +162,10 @@ ROWS: list[Row] = [
         min_ranks=2),
     Row("root-differs", f"ranks name different roots (checks off, {T})", "`MessageMismatchError` where a rank "
         "receives a message sent for another root, else `CollectiveTimeout` within T + 2 s (a reduce's would-be "
-        "roots all wait); but a broadcast's roots only send, so at 2 or 3 ranks every rank may return (each root "
-        "its own data) and leave messages that a later broadcast takes. Only `MPIRING_CHECK=1` catches this",
+        "roots all wait); but a broadcast's roots only send, so when every rank names itself, every rank returns "
+        "its own data, with no error. The messages they sent stay queued: the next broadcast, with agreed roots, "
+        "never takes them (the tags carry the root and the call's number) and returns its own data, but one "
+        "of the same root and dtype 8 calls later could. Only `MPIRING_CHECK=1` catches this",
         min_ranks=2),
     Row("root-differs-checked", "reduce: ranks name different roots, `MPIRING_CHECK=1`",
         "`CollectiveMismatchError` on every rank: `root 0 on ranks 0, 1 but 1 on rank 2`", min_ranks=2),
@@ -183,6 +185,47 @@ ROWS: list[Row] = [
         "the skipping rank still gets the first call's data (its call is indistinguishable from a late first "
         "call), but the others' second broadcast raises `CollectiveTimeout` in the check, naming the skipping "
         "rank: the job does not end silently", min_ranks=2),
+    Row("late-after-abandon", f"a rank comes late (with a longer timeout) to an all-reduce its peers gave up ({T}), "
+        "after they wrote into their `x`; unplanned, replayed in C and in Python, nonblocking and persistent",
+        "the late rank raises `MessageMismatchError` within 1 s (`rank 0 raised in a call and left it (see "
+        "the error there) while this rank's allreduce ... went on: its data may come from the call that rank left`); "
+        "it never returns: every call that received data asks, at its end, for a notice of this very call "
+        "(one `MPI_Iprobe`)", min_ranks=2),
+    Row("no-write-after-raise", f"after a call raised ({T}), the caller writes its `out=` while a late peer's "
+        "broadcast, all-gather or 1M-element all-reduce sends to it", "the written values stay: the receives a "
+        "raising call still had posted are cancelled (`MPI_Cancel`, then completed) before it raises, so MPI writes "
+        "nothing into `out=` afterwards. Sends cannot be taken back: the `CollectiveTimeout` message says that `x` "
+        "may still be read until the peers take it", min_ranks=2),
+    Row("scatter-counts-dtype", f"scatter with `counts=`: the root's `x` is float64, another rank's `out=` int64 "
+        f"(or rows of 2 float64 against rows of 4 float32; also the drop-in `Scatter`; {T})",
+        "`MessageMismatchError` within 1 s on the ranks whose `out=` differs (the tag names the root's dtype there "
+        "and the `out=` dtype elsewhere); the root returns its own rows. With `MPIRING_CHECK=1`, "
+        "`CallMismatchError` on every rank: `dtype float64 on rank 0 but int64 on ...`", min_ranks=2),
+    Row("out-byte-order", "`out=` in non-native byte order (`>f8`), on any rank: an all-reduce's, or a non-root's "
+        "with scatter's `counts=`", "`ArgumentError` (scatter's non-roots: `ArgumentTypeError`) on that rank: "
+        "`argument 'out': has dtype >f8, which is not in native byte order`", min_ranks=2),
+    Row("nonblocking-differs", f"nonblocking or persistent calls of different dtypes (float64x16 against float32x32) "
+        f"or ops (sum against max) on different ranks ({T})", "no rank returns data: `MessageMismatchError` within "
+        "1 s (`rank 1 started another kind of nonblocking call or persistent request (collective, dtype or op) at "
+        "the place where this rank waits in ...`) or `CollectiveTimeout`: their tags carry the call's kind",
+        min_ranks=2),
+    Row("skip-then-free", f"one rank skips an all-reduce and frees its communicator ({T} on the others: 5 s)",
+        "the others raise `MessageMismatchError` within 1 s: `rank 2 freed this communicator while this rank waits "
+        "in allreduce ... : the ranks made different numbers of calls on it`. A skipped call followed by another "
+        "call of the same kind cannot be told from a late call: that rank's next call is matched with the others' "
+        "skipped one (`skip-broadcast-stale`)", min_ranks=2),
+    Row("free-after-error", "a bad argument on every rank (no data sent, only notices), then `free()`; "
+        "or `free()` with a nonblocking call in flight", "`free()` frees the MPI communicator once every peer's "
+        "farewell has come (it takes and drops what they sent first), so making and freeing communicators with "
+        "errors in a loop never runs out of context ids (2,100 at 2 ranks). Calls in flight finish first: their "
+        "`wait()` afterwards returns the result (or raises the mpiring error they met). A rank whose call timed "
+        "out keeps its MPI communicator (messages of it may still be active). When MPI has no context id left, "
+        "every MPI call of `Communicator()` raises `CommunicationError`", min_ranks=2),
+    Row("persistent-changed", "a persistent request's `x` restrided, retyped, or its `out=` (or result) made "
+        "read-only after it was made", "`ArgumentError` at `start()`: `argument 'x': x was restrided, resized, "
+        "reshaped, retyped or made read-only since this persistent request was made (now ...): its runs read and "
+        "write the memory it had then; make a new request`; every later `start()` raises it again. A blocking "
+        "call binds its arrays at every call (docs/engine.md), so it is always right on changed arrays"),
     Row("nonblocking-order", f"two nonblocking collectives `wait()`ed in different orders on different ranks "
         f"({T})", "both complete with the right results on every rank: a `wait()` also advances every other "
         "collective in flight on that communicator, so no rank waits for another's unposted step", min_ranks=2),

@@ -158,6 +158,56 @@ def test_an_array_changed_under_its_schedule(comm):
         comm.allreduce(y, out=out)
 
 
+def test_a_broadcast_out_restrided_under_its_schedule(comm):
+    base = np.full(16, np.nan)
+    out = base[:8]
+    for seed in range(3):  # recorded, then replayed
+        x = np.arange(8.0) + seed if RANK == 0 else np.empty(8)
+        comm.broadcast(x, out=out)
+    base[:] = np.nan
+    _restride(out)
+    x = np.arange(8.0) * 3 if RANK == 0 else np.empty(8)
+    assert comm.broadcast(x, out=out) is out
+    assert_same(out, np.arange(8.0) * 3, "a restrided out")
+    assert np.isnan(base[1::2]).all()
+
+
+def _restride(array):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        array.strides = (2 * array.itemsize,)
+
+
+@pytest.mark.parametrize("change", ["restrided x", "read-only out", "read-only result", "retyped x"])
+def test_a_persistent_request_refuses_arrays_changed_since_it_was_made(comm, change):
+    """Every rank changes its arrays the same way: every rank raises, at the start, naming what
+    changed; that request refuses every later start, and the communicator goes on."""
+    base = np.zeros(16)
+    x = base[:8]
+    x[:], want = _sum(50, (8,))
+    out = None if change == "read-only result" else np.zeros(16)[:8]
+    request = comm.allreduce_init(x, out=out)
+    for _ in range(2):
+        request.start()
+        result = request.wait()
+        assert_same(result, want, "as made")
+    if change == "restrided x":
+        _restride(x)
+    elif change == "read-only out":
+        out.flags.writeable = False
+    elif change == "read-only result":
+        result.flags.writeable = False
+    else:
+        x.dtype = np.int64
+    name = "out" if "out" in change or "result" in change else "x"
+    with pytest.raises(mpiring.ArgumentError, match=f"{name}.* since this persistent request was made"):
+        request.start()
+    with pytest.raises(mpiring.ArgumentError, match="since this persistent request was made"):
+        request.start()
+    y, want = _sum(51, (8,))
+    assert_same(comm.allreduce(y), want, "the next call")
+
+
 def test_the_drop_in_replays_the_schedule(comm):
     """Every uppercase call makes new views of its buffers: they bind to the same schedule."""
     x, want = _sum(40, (7,))

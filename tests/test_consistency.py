@@ -184,7 +184,7 @@ def test_the_record_and_tag_fit_the_mpi_guarantees():
     assert CHECK_TAG not in tags and min(tags) == 1 and max(tags) + ack <= 32767
     ring.failures = 5
     blocking = {ring.blocking_tag(identity) for identity in range(0, 1 << 20, 4095)}  # too little room: 1 bit kept
-    persistent = {ring.persistent_tag() for _ in range(3 * ack)}
+    persistent = {ring.persistent_tag(identity) for identity in range(3 * ack)}
     assert len(blocking) == 2 and max(blocking) + ack <= 32767
     assert not blocking & set(tags) and not blocking & persistent and not persistent & set(tags)
     assert ring.tags.identity_bits == 1 and Ring(MPI.COMM_SELF).tags.identity_bits == 20

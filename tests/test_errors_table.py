@@ -8,12 +8,14 @@ own, never used again afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -267,7 +269,7 @@ def _(comm):
         if rank < 2:
             assert o.error == "ArgumentError" and "has shape (1, 2), expected (2, 2)" in o.message, describe(outcomes)
         else:  # waits for a rank that raised: its notice ends the wait
-            assert o.error == "MessageMismatchError" and "raised in a blocking call and left it" in o.message, \
+            assert o.error == "MessageMismatchError" and "raised in a call and left it" in o.message, \
                 describe(outcomes)
             assert o.seconds <= 1.0, describe(outcomes)
     checked = _fresh(check=True, timeout=T)  # checked, every rank raises the same ArgumentError, at once
@@ -447,7 +449,7 @@ def _no_foreign_data(outcomes: list[Outcome | None], right: list[Any]) -> None:
         else:
             assert o.error in ("MessageMismatchError", "CollectiveTimeout") and o.seconds <= BOUND, report
     named = [o.message for o in outcomes if o.error == "MessageMismatchError"]  # a foreign message, or a notice
-    assert all(" sent a message of " in m or " raised in a blocking call and left it " in m for m in named), report
+    assert all(" sent a message of " in m or " raised in a call and left it " in m for m in named), report
     assert any(" sent a message of " in m and " while this rank waits in " in m for m in named), report
 
 
@@ -536,10 +538,13 @@ def _(comm):
         assert outcomes[rank].error in ("MessageMismatchError", "CollectiveTimeout"), describe(outcomes)
     _within_bound([o for o in outcomes if o.error is not None], ("MessageMismatchError", "CollectiveTimeout"))
     assert all(o.value is None for o in outcomes), describe(outcomes)  # the senders' right result: None
-    if N == 2:  # two broadcast roots only send: each returns its own data, with no error
-        fresh = _fresh(timeout=T)
-        outcomes = everyone(attempt(lambda: fresh.broadcast(np.full(3, RANK + 1.0), root=RANK)))
-        assert all(o.error is None and o.value[0] == rank + 1 for rank, o in enumerate(outcomes)), describe(outcomes)
+    # every rank its own root: they only send, and each returns its own data, with no error
+    fresh = _fresh(timeout=T)
+    outcomes = everyone(attempt(lambda: fresh.broadcast(np.full(3, RANK + 1.0), root=RANK)))
+    assert all(o.error is None and o.value[0] == rank + 1 for rank, o in enumerate(outcomes)), describe(outcomes)
+    for k in range(2, 5):  # the next broadcasts, with agreed roots, never take the messages left queued
+        outcomes = everyone(attempt(lambda k=k: fresh.broadcast(np.full(3, 10.0 * k) if RANK == 0 else np.zeros(3))))
+        assert all(o.error is None and o.value[0] == 10 * k for o in outcomes), describe(outcomes)
 
 
 @row("root-differs-checked")
@@ -600,6 +605,199 @@ def _(comm):
     _all_raise(outcomes[:LAST], "CollectiveTimeout", "(consistency check before ring)",
                f"still waiting to receive from rank {LAST}")
     _within_bound(outcomes, ("CollectiveTimeout", None))
+
+
+@contextlib.contextmanager
+def _replay(kind: str):
+    """Communicators made inside replay their schedules in C ("compiled") or in Python ("python")."""
+    saved = os.environ.get("MPIRING_COMPILED")
+    os.environ["MPIRING_COMPILED"] = "1" if kind == "compiled" else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["MPIRING_COMPILED"]
+        else:
+            os.environ["MPIRING_COMPILED"] = saved
+
+
+@row("late-after-abandon")
+def _(comm):
+    def persistent(f, x, out):
+        request = f.allreduce_init(x, out=out)
+        request.start()
+        return request.wait()
+
+    calls = {"nonblocking": lambda f, x, out: f.iallreduce(x, out=out).wait(), "persistent": persistent}
+    for form in ("unplanned", "compiled", "python", "nonblocking", "persistent"):
+        with _replay(form):
+            fresh = _fresh(timeout=4.0 if RANK == LAST else T)
+        x, out = np.full(4096, 1.0), np.empty(4096)
+        if form in ("compiled", "python"):  # recorded: the late call replays the schedule
+            for _ in range(2):
+                fresh.allreduce(x, out=out)
+        if RANK == LAST:
+            time.sleep(T + 0.5)
+        call = calls.get(form, lambda f, x, out: f.allreduce(x, out=out))
+        outcome = attempt(lambda f=fresh, x=x, out=out, call=call: call(f, x, out))
+        if RANK != LAST:
+            x[:] = 999_999.0  # the caller reuses its array once the call raised
+        outcomes = everyone(outcome)
+        report = f"{form}:\n{describe(outcomes)}"
+        assert all(o.error == "CollectiveTimeout" for o in outcomes[:LAST]), report
+        late = outcomes[LAST]
+        assert late.error == "MessageMismatchError" and late.seconds <= 1.0, report
+        assert "raised in a call and left it" in late.message, report
+
+
+@row("no-write-after-raise")
+def _(comm):
+    cases = {  # late rank: its call; a peer's out=
+        "broadcast": (0, lambda f, out: f.broadcast(np.full(4096, 7.0) if RANK == 0 else np.zeros(4096), out=out),
+                      lambda: np.zeros(4096)),
+        "allgather": (LAST, lambda f, out: f.allgather(np.full(512, 7.0), out=out), lambda: np.zeros(512 * N)),
+        "allreduce": (LAST, lambda f, out: f.allreduce(np.full(1 << 20, 7.0), out=out), lambda: np.zeros(1 << 20)),
+    }
+    for name, (late, call, make_out) in cases.items():
+        fresh = _fresh(timeout=1.0 if RANK == late else T)
+        out = make_out()
+        if RANK == late:
+            time.sleep(T + 0.3)
+            attempt(lambda f=fresh, o=out, c=call: c(f, o))  # returns or raises: what its peers' out= hold matters
+        else:
+            outcome = attempt(lambda f=fresh, o=out, c=call: c(f, o))
+            assert outcome.error == "CollectiveTimeout", f"{name}: {outcome}"
+            out[:] = 42.0
+        for _ in range(3):  # MPI progresses on every rank while the late rank's messages are out
+            WORLD.barrier()
+            time.sleep(0.05)
+        if RANK != late:
+            assert (out == 42.0).all(), f"{name}: MPI wrote {np.unique(out)[:4]} into out= after the call raised"
+
+
+@row("scatter-counts-dtype")
+def _(comm):
+    counts = [2] * N
+    rows = np.arange(4.0 * N).reshape(2 * N, 2)
+    for name, mine in (("int64", np.empty((2, 2), np.int64)), ("float32 rows of 4", np.empty((2, 4), np.float32))):
+        for dropin in (False, True):
+            fresh = _fresh(timeout=T)
+            out = np.empty((2, 2)) if RANK == 0 else mine
+            if dropin:
+                call = lambda f=fresh, o=out: f.Scatter(rows if RANK == 0 else None, o, root=0)  # noqa: E731
+            else:
+                call = lambda f=fresh, o=out: f.scatter(rows if RANK == 0 else None, out=o, counts=counts)  # noqa: E731
+            outcomes = everyone(attempt(call))
+            report = f"{name}, drop-in {dropin}:\n{describe(outcomes)}"
+            root = outcomes[0]
+            assert root.error is None or root.error in ("MessageMismatchError", "CollectiveTimeout"), report
+            for o in outcomes[1:]:
+                assert o.error == "MessageMismatchError" and o.seconds <= 1.0, report
+    checked = _fresh(check=True, timeout=30)
+    out = np.empty((2, 2)) if RANK == 0 else np.empty((2, 2), np.int64)
+    outcomes = everyone(attempt(lambda: checked.scatter(rows if RANK == 0 else None, out=out, counts=counts)))
+    _all_raise(outcomes, "CallMismatchError", "dtype float64 on rank 0 but int64 on")
+    _usable(checked)
+    checked.free()
+
+
+@row("out-byte-order")
+def _(comm):
+    _argument_error(comm, lambda: comm.allreduce(np.ones(3), out=np.empty(3, ">f8")), "out",
+                    "has dtype >f8, which is not in native byte order")
+    fresh = _fresh(timeout=T)
+    counts = [1] * N
+    out = np.empty((1, 2)) if RANK == 0 else np.empty((1, 2), ">f8")
+    outcomes = everyone(attempt(lambda: fresh.scatter(np.ones((N, 2)) if RANK == 0 else None, out=out,
+                                                      counts=counts)))
+    for o in outcomes[1:]:
+        assert o.error == "ArgumentTypeError" and "not in native byte order" in o.message, describe(outcomes)
+    assert outcomes[0].error is None and outcomes[0].value.tolist() == [[1.0, 1.0]], describe(outcomes)
+
+
+@row("nonblocking-differs")
+def _(comm):
+    cases = {  # the last rank's call, everybody else's: each returns a request
+        "dtype": (lambda c: c.iallreduce(np.ones(32, np.float32)), lambda c: c.iallreduce(np.ones(16))),
+        "op": (lambda c: c.iallreduce(np.ones(16), op="max"), lambda c: c.iallreduce(np.ones(16))),
+        "persistent dtype": (lambda c: c.allreduce_init(np.ones(32, np.float32)),
+                             lambda c: c.allreduce_init(np.ones(16))),
+    }
+    for name, (last, others) in cases.items():
+        fresh = _fresh(timeout=T)
+        request = last(fresh) if RANK == LAST else others(fresh)
+        if "persistent" in name:
+            request.start()
+        outcomes = everyone(attempt(request.wait))
+        report = f"{name}:\n{describe(outcomes)}"
+        _within_bound(outcomes, ("MessageMismatchError", "CollectiveTimeout"))
+        named = [o for o in outcomes if o.error == "MessageMismatchError"]
+        assert named and all(o.seconds <= 1.0 for o in named), report
+        assert all("another kind of nonblocking call or persistent request" in o.message or
+                   "raised in a call and left it" in o.message for o in named), report
+
+
+@row("skip-then-free")
+def _(comm):
+    fresh = _fresh(timeout=5.0)
+    if RANK == LAST:
+        fresh.free()
+        outcome = None
+    else:
+        outcome = attempt(lambda: fresh.allreduce(np.ones(4)))
+    outcomes = everyone(outcome)
+    for o in outcomes[:LAST]:
+        assert o.error == "MessageMismatchError" and o.seconds <= 1.0, describe(outcomes)
+        assert f"rank {LAST} freed this communicator" in o.message or "raised in a call and left it" in o.message, \
+            describe(outcomes)
+    assert any(f"rank {LAST} freed this communicator" in o.message for o in outcomes[:LAST]), describe(outcomes)
+
+
+@row("free-after-error")
+def _(comm):
+    fresh = mpiring.Communicator()
+    _argument_error(fresh, lambda: fresh.allreduce(np.ones(2), op="bogus"), "op", "unknown op")
+    handle = fresh._ring.comm  # the private MPI communicator
+    fresh.free()
+    WORLD.barrier()
+    mpiring.Communicator().free()  # takes the farewells that came since
+    assert handle == MPI.COMM_NULL, "free() kept the MPI communicator after an error every rank raised"
+    fresh = mpiring.Communicator()
+    request = fresh.iallreduce(np.full(1 << 16, 1.0))
+    fresh.free()  # with the request in flight: it finishes first
+    np.testing.assert_array_equal(request.wait(), np.full(1 << 16, float(N)))
+    if N == 2:  # more than MPICH's 2,048 context ids
+        for _ in range(2100):
+            made = mpiring.Communicator()
+            with contextlib.suppress(mpiring.ArgumentError):
+                made.allreduce(np.ones(2), op="bogus")
+            made.free()
+        _usable(mpiring.Communicator())
+        kept = []  # every context id taken: whichever MPI call of Communicator() runs out says so
+        with pytest.raises(mpiring.CommunicationError, match="MPI could not make a communicator"):
+            while len(kept) < 5000:
+                kept.append(mpiring.Communicator())
+        for made in kept:
+            made.free()
+        WORLD.barrier()
+        _usable(mpiring.Communicator())
+
+
+@row("persistent-changed")
+def _(comm):
+    base = np.zeros(8)
+    x = base[:4]
+    x[:] = 1.0
+    request = comm.allreduce_init(x)
+    request.start()
+    np.testing.assert_array_equal(request.wait(), np.full(4, float(N)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        x.strides = (16,)
+    for _ in range(2):
+        _all_raise(everyone(attempt(request.start)), "ArgumentError", "since this persistent request was made",
+                   argument="x")
+    _usable(comm)
 
 
 @row("nonblocking-order")

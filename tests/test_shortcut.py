@@ -318,7 +318,7 @@ class StandInRequest:
 
 
 class StandInCall:
-    __slots__ = ("step",)
+    __slots__ = ("step", "number")
 
 
 class PersistentRig:
@@ -329,7 +329,8 @@ class PersistentRig:
         self.program = program(works=(lambda: self.works.append("after"),),
                                during=(lambda: self.works.append("during"),), prologue=prologue, exchanges=exchanges,
                                traffic=Traffic(bytes_sent=8, bytes_received=8, messages=2))
-        self.program.bind(None, self.result, 0, 0)  # bound for life, as a persistent request's schedule
+        # bound for life, as a persistent request's schedule
+        self.program.bind(None, self.result, 0, self.result.__array_interface__["data"][0])
         self.call = StandInCall()
         self.call.step = 3
         self.start, self.wait = compiled.persistent_shortcut(self.request, self.communicator, self.ring, self.program,
@@ -349,6 +350,19 @@ def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
     assert rig.ring.calls == 2 and rig.ring.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
     assert rig.wait() is rig.result and rig.works == ["during", "after"] * 2  # complete already: the result again
     assert rig.request.handed == []
+
+
+def test_a_persistent_start_in_c_takes_its_number_and_hands_changed_arrays_to_python() -> None:
+    rig = PersistentRig()
+    rig.start()
+    rig.wait()
+    assert rig.call.number == rig.ring.calls == 1 and rig.request.handed == []
+    rig.result.flags.writeable = False  # the bound result made read-only: Python's start refuses it
+    rig.start()
+    assert rig.request.handed == ["start"] and rig.ring.calls == 1
+    rig.result.flags.writeable = True
+    rig.start()
+    assert rig.request.handed == ["start"] and rig.call.number == rig.ring.calls == 2
 
 
 def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_after() -> None:

@@ -66,13 +66,13 @@ def test_roots_are_told_apart_mod_8_and_say_so_beyond_8_ranks():
 def test_blocking_tags_keep_generation_and_identity_apart(tag_ub):
     tags = Tags(tag_ub)
     assert tags.identity_bits == 20
-    for generation, bits in ((0, 0), (1, 0x8F3A1), (127, (1 << 20) - 1), (1000, 5)):
-        tag = tags.blocking(generation, bits)
+    for generation, bits, calls in ((0, 0, 0), (1, 0x8F3A1, 9), (127, (1 << 20) - 1, 7), (1000, 5, 123)):
+        tag = tags.blocking(generation, bits, calls)
         assert tags.is_blocking(tag) and tag + tags.ack_offset <= tag_ub
-        assert tags.split(tag) == (generation % tags._generations, bits)
-    assert tags._generations >= 128
-    chosen = tags.with_identity(tags.blocking(3, 0x10000), identity.of_algorithm("allreduce", "ring"))
-    assert tags.split(chosen) == (3, 0x10000 | identity.of_algorithm("allreduce", "ring"))
+        assert tags.split(tag) == (generation % tags._generations, calls % 8, bits)
+    assert tags._generations >= 16
+    chosen = tags.with_identity(tags.blocking(3, 0x10000, 5), identity.of_algorithm("allreduce", "ring"))
+    assert tags.split(chosen) == (3, 5, 0x10000 | identity.of_algorithm("allreduce", "ring"))
     sequence = tags.sequence(7)
     assert tags.with_identity(sequence, 0x70) == sequence and not tags.is_blocking(sequence)
     assert not tags.is_blocking(tags.persistent(7)) and not tags.is_blocking(tags.blocking(0, 0) + tags.ack_offset)
@@ -84,5 +84,53 @@ def test_notices_carry_the_failure_count_beyond_the_generations():
     assert tags.is_notice(first) and tags.is_notice(wrapped) and first != wrapped
     assert tags.split(first)[0] == tags.split(wrapped)[0]
     assert not tags.is_notice(tags.blocking(5, 0xB0000)) and not tags.is_notice(tags.sequence(5))
-    assert identity.describe(tags.split(first)[1], 4) == "a notice that its blocking call raised there"
+    assert identity.describe(tags.split(first)[2], 4) == "a notice that its blocking call raised there"
     assert Tags(None).notice(5) is None  # no room for identities: no notices
+
+
+@pytest.mark.parametrize("tag_ub", [MPICH, OPEN_MPI])
+def test_consecutive_blocking_calls_never_share_a_tag(tag_ub):
+    """A blocking call's number (mod 8) is in its tag: a rank that skips or repeats a call waits
+    for messages its peers never send instead of taking another call's; a recorded call's tag
+    takes each call's number (with_sequence, and the C replay from `numbering`)."""
+    tags = Tags(tag_ub)
+    bits = _identity("allreduce", np.dtype("f4"), "sum", None, "ring")
+    calls = [tags.blocking(2, bits, n) for n in range(20)]
+    assert all(calls[n] != calls[n + 1] for n in range(19)) and calls[0] == calls[8]
+    assert all(tags.with_sequence(calls[3], n) == calls[n] for n in range(20))
+    base, shift, mask = tags.numbering(calls[0])
+    for n in range(20):  # what _replay.c's number_call does
+        offset = calls[3] - base
+        assert base + ((offset & ~(mask << shift)) | (n & mask) << shift) == calls[n]
+    assert tags.numbering(tags.persistent(3)) == (0, 0, 0) and tags.with_sequence(tags.persistent(3), 5) == \
+        tags.persistent(3)
+    assert tags.blocking(2, bits) == calls[0]  # a device call's tag: number 0, for a plan's life
+
+
+@pytest.mark.parametrize("tag_ub", [MPICH, OPEN_MPI])
+def test_nonblocking_tags_name_their_kind(tag_ub):
+    tags = Tags(tag_ub)
+    f32 = identity.of_call("allreduce", np.empty(0, "f4"), "sum", None, False)
+    f64 = identity.of_call("allreduce", np.empty(0, "f8"), "sum", None, False)
+    maximum = identity.of_call("allreduce", np.empty(0, "f4"), "max", None, False)
+    same_place = {tags.sequence(41, bits) for bits in (f32, f64, maximum)}
+    assert len(same_place) == 3 and all(1 <= tag < tags.persistent(0) for tag in same_place)
+    assert {tags.sequence_of(tag)[0] for tag in same_place} == {41}
+    assert tags.sequence(41, f32) != tags.sequence(42, f32)
+    assert tags.sequence(41, f32) == tags.sequence(41, f32 | 0x7F)  # the algorithm and root are not its kind
+    small = Tags(None)  # no room: the sequence number alone
+    assert small.sequence(41, f32) == small.sequence(41, f64) and small.sequence_of(small.sequence(41)) is None
+
+
+@pytest.mark.parametrize("tag_ub", [MPICH, OPEN_MPI])
+def test_persistent_tags_name_their_kind(tag_ub):
+    tags = Tags(tag_ub)
+    f32 = identity.of_call("allreduce", np.empty(0, "f4"), "sum", None, False)
+    f64 = identity.of_call("allreduce", np.empty(0, "f8"), "sum", None, False)
+    made = {tags.persistent(7, bits) for bits in (f32, f64)}
+    assert len(made) == 2 and all(tags.persistent(0) <= tag < tags.blocking(0, 0) for tag in made)
+    places = {tags.sequence_of(tag)[0] for tag in made}
+    assert len(places) == 1 and places != {tags.sequence_of(tags.sequence(7, f32))[0]}  # not a nonblocking call's
+    assert tags.persistent(7, f32) != tags.persistent(8, f32)
+    scatter = identity.of_call("scatter", np.empty((0, 2), "f8"), None, 0, False)
+    assert scatter != identity.of_call("scatter", np.empty((0, 2), "i8"), None, 0, False)  # counts=: dtype named

@@ -67,8 +67,8 @@ def test_a_timeout_names_only_the_requests_still_pending(fake_mpi):
     with pytest.raises(CollectiveTimeout) as caught:
         _poll(_step(_Request(finishes_at=1), _Request(finishes_at=None)), timeout=1e-9)
     assert caught.value.waiting_on == ["receive from rank 2"]
-    assert str(caught.value) == ("allreduce (ring) timed out after 1e-09 s in step 0, "
-                                 "still waiting to receive from rank 2")
+    assert str(caught.value).startswith("allreduce (ring) timed out after 1e-09 s in step 0, "
+                                        "still waiting to receive from rank 2 (its receives were cancelled")
 
 
 def test_the_poll_backs_off_instead_of_spinning(fake_mpi, monkeypatch):

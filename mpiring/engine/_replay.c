@@ -44,21 +44,24 @@ typedef int (*get_count_int_fn)(const void *, int, int *);          /* MPICH: MP
 typedef int (*get_count_pointer_fn)(const void *, void *, int *);   /* Open MPI: a pointer */
 typedef int (*message_int_fn)(void *, int, int, int, int, int, void *);         /* MPI_Isend, MPI_Irecv */
 typedef int (*message_pointer_fn)(void *, int, void *, int, int, void *, void *);
+typedef int (*iprobe_int_fn)(int, int, int, int *, void *);                       /* MPI_Iprobe */
+typedef int (*iprobe_pointer_fn)(int, int, void *, int *, void *);
 
 /* What `bind` was given: the MPI library's functions and its handle sizes. */
 static struct {
     startall_fn startall;
     testall_fn testall;
     waitall_fn waitall;
-    void *get_count, *isend, *irecv;
+    void *get_count, *isend, *irecv, *iprobe;
     intptr_t byte_type;
+    int any_source;
     Py_ssize_t request_size, status_size, datatype_size;
     Py_ssize_t request_offset; /* where an mpi4py Request object keeps its handle */
     int bound;
 } mpi;
 
 /* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
-enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2, STOPPED_CHANGED = 3 };
+enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2, STOPPED_CHANGED = 3, STOPPED_NOTICE = 4 };
 
 /* Work: a Python callable, or what this file does itself (compiled.py, `work_spec`). WORK_EXPECT
    compares a layout just exchanged with the one the schedule was recorded for: another one stops
@@ -112,6 +115,8 @@ typedef struct {
     intptr_t comm;             /* the communicator's handle: the messages go there */
     char busy;                 /* spin without offering the core (the node has a core per rank) */
     int tag;                   /* the call's tag: a message's tag is this plus its own */
+    int sequence_base, sequence_shift, sequence_mask; /* where the call's number goes in its tag (mask 0: none) */
+    int notice;                /* the tag of a notice that a peer left a call of this generation (-1: none) */
     Py_ssize_t nroots;
     char **base;               /* roots: 0 and 1 bound per call (x, out), the rest the schedule's own */
     PyObject *owned;           /* the owned roots' arrays, kept alive */
@@ -136,6 +141,38 @@ static int get_count(const void *status, int *count) {
     if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
         return ((get_count_int_fn)mpi.get_count)(status, (int)mpi.byte_type, count);
     return ((get_count_pointer_fn)mpi.get_count)(status, (void *)mpi.byte_type, count);
+}
+
+/* A peer's notice that it left a call of this generation is waiting (a call that completed may
+   have taken data that peer sent for the call it left): 1, else 0 (or an MPI error: 0, the run
+   stands as a Python run would). */
+static int notice_waiting(const Program *p) {
+    int flag = 0;
+    char status[256];
+    if (p->notice < 0 || mpi.status_size > (Py_ssize_t)sizeof(status))
+        return 0;
+    if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
+        ((iprobe_int_fn)mpi.iprobe)(mpi.any_source, p->notice, (int)p->comm, &flag, status);
+    else
+        ((iprobe_pointer_fn)mpi.iprobe)(mpi.any_source, p->notice, (void *)p->comm, &flag, status);
+    return flag;
+}
+
+/* `tag` for the call numbered `calls` (blocking tags carry it, mpiring.engine.tags.with_sequence). */
+static int numbered(const Program *p, int tag, long long calls) {
+    int field = p->sequence_mask << p->sequence_shift, offset = tag - p->sequence_base;
+    return p->sequence_base + ((offset & ~field) | (int)(calls & p->sequence_mask) << p->sequence_shift);
+}
+
+/* The program's tag (a blocking one: a persistent request's carries no number), and the notice
+   it looks for, for the call numbered `calls`. */
+static void number_call(Program *p, long long calls) {
+    if (!p->sequence_mask)
+        return;
+    if (p->tag >= p->sequence_base)
+        p->tag = numbered(p, p->tag, calls);
+    if (p->notice >= 0)
+        p->notice = numbered(p, p->notice, calls);
 }
 
 static char *address(const Program *p, Ref ref) {
@@ -484,17 +521,19 @@ static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
 }
 
 /* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
-   traffic, schedule): roots: a tuple of root addresses (0 and 1 placeholders, bound per call). */
+   traffic, schedule, sequence=(base, shift, mask), notice=-1): roots: a tuple of root addresses
+   (0 and 1 placeholders, bound per call). */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
     unsigned long long comm;
-    int busy = 0, tag = 0, result = RESULT_NONE;
+    int busy = 0, tag = 0, result = RESULT_NONE, base = 0, shift = 0, mask = 0, notice = -1;
     Py_ssize_t x_bytes = 0, out_bytes = 0;
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
-                            "out_bytes", "allocate", "result", "traffic", "schedule", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO", names, &PyTuple_Type, &prologue, &PyTuple_Type,
-                                     &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes, &out_bytes,
-                                     &allocate, &result, &traffic, &schedule))
+                            "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO|(iii)i", names, &PyTuple_Type, &prologue,
+                                     &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
+                                     &out_bytes, &allocate, &result, &traffic, &schedule, &base, &shift, &mask,
+                                     &notice))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -504,6 +543,10 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     self->comm = (intptr_t)comm;
     self->busy = (char)busy;
     self->tag = tag;
+    self->sequence_base = base;
+    self->sequence_shift = shift;
+    self->sequence_mask = mask;
+    self->notice = notice;
     self->result = result;
     self->x_bytes = x_bytes;
     self->out_bytes = out_bytes;
@@ -730,6 +773,7 @@ static PyMethodDef program_methods[] = {
 static PyMemberDef program_members[] = {
     {"busy", T_BOOL, offsetof(Program, busy), READONLY, "whether a spin tests without offering the core"},
     {"tag", T_INT, offsetof(Program, tag), 0, "the call's tag (a message's tag is this plus its own)"},
+    {"notice", T_INT, offsetof(Program, notice), READONLY, "the notice tag it looks for after a call (-1: none)"},
     {"used", T_LONGLONG, offsetof(Program, used), 0, "the call count when it last ran"},
     {"runs", T_LONGLONG, offsetof(Program, runs), 0, "blocking calls that ran it"},
     {"x", T_OBJECT, offsetof(Program, x), READONLY, "the x bound now (None between calls)"},
@@ -988,6 +1032,7 @@ static int count_call(PyObject *ring, PyObject *total, const Py_ssize_t *at, Pro
         return -1;
     p->used = PyLong_AsLongLong(now);
     p->runs++;
+    number_call(p, p->used);
     Py_DECREF(now);
     return PyErr_Occurred() ? -1 : add_traffic(total, p->traffic, at);
 }
@@ -1011,6 +1056,10 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
     Py_INCREF(program); /* a work callable could drop it from the table */
     PyObject *stopped = count_call(self->ring, self->traffic, self->traffic_at, program) == 0
                             ? run_from(program, 0, 0, spin) : NULL;
+    if (stopped == Py_None && notice_waiting(program)) {  /* Python raises, naming the peer */
+        Py_DECREF(stopped);
+        stopped = Py_BuildValue("(nii)", program->length, STOPPED_NOTICE, 0);
+    }
     if (stopped == Py_None) {
         result = result_of(program);
     } else {
@@ -1122,13 +1171,66 @@ static const char *request_fields[REQUEST_FIELDS] = {"_freed", "_running", "_err
 enum { IN_PYTHON_START, IN_PYTHON_WAIT, FAILED_START, RESUME_WAIT, HANDLERS };
 static const char *handler_names[HANDLERS] = {"_start_in_python", "_wait_in_python", "_failed_start", "_resume_wait"};
 
+/* What a bound array looked like through the buffer protocol when the request was made. */
+enum { BOUND_DIMS = 8, BOUND_FORMAT = 16 };
+typedef struct {
+    int state; /* BOUND_NONE: no array; BOUND_SEEN: as below; BOUND_UNSEEN: not describable here (Python checks) */
+    int ndim;
+    Py_ssize_t shape[BOUND_DIMS];
+    char format[BOUND_FORMAT];
+} Bound;
+enum { BOUND_NONE, BOUND_SEEN, BOUND_UNSEEN };
+
 typedef struct {
     PyObject_HEAD
     PyObject *request, *communicator, *ring, *in_flight, *traffic, *program, *call;
     PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
     double spin;                  /* as PersistentRequest._spin */
-    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], step_at;
+    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], step_at, number_at;
+    Bound bound[2];               /* x and out as the program was bound to them */
 } Persistent;
+
+/* Look at root 0 (x) or 1 (out) of `p` now: into `seen` if given, else compared with `bound`.
+   1: the same (or, seen, describable); 0: changed or not describable (no error left set). */
+static int look_at_root(Program *p, int root, Bound *bound, Bound *seen) {
+    PyObject *array = root ? p->out : p->x;
+    if (array == NULL || array == Py_None) {
+        if (seen)
+            seen->state = BOUND_NONE;
+        return bound == NULL || bound->state == BOUND_NONE;
+    }
+    if (bound && bound->state != BOUND_SEEN)
+        return 0;
+    Py_buffer view; /* ND without STRIDES: only a C-contiguous array gives one */
+    if (PyObject_GetBuffer(array, &view, PyBUF_ND | PyBUF_FORMAT | (root ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        if (seen)
+            seen->state = BOUND_UNSEEN;
+        return 0;
+    }
+    const char *format = view.format ? view.format : "B";
+    int same = view.buf == p->base[root] && view.ndim <= BOUND_DIMS && strlen(format) < BOUND_FORMAT;
+    if (same && seen) {
+        seen->state = BOUND_SEEN;
+        seen->ndim = view.ndim;
+        memcpy(seen->shape, view.shape, sizeof(Py_ssize_t) * view.ndim);
+        strcpy(seen->format, format);
+    } else if (same) {
+        same = view.ndim == bound->ndim && strcmp(format, bound->format) == 0 &&
+               memcmp(view.shape, bound->shape, sizeof(Py_ssize_t) * view.ndim) == 0;
+    }
+    PyBuffer_Release(&view);
+    if (!same && seen)
+        seen->state = BOUND_UNSEEN;
+    return same;
+}
+
+/* Whether the request's arrays are still those its program was bound to (else Python's start
+   refuses the run, naming what changed); a program without roots (a device plan) always asks Python. */
+static int still_bound(Persistent *self) {
+    Program *p = (Program *)self->program;
+    return p->nroots >= 2 && look_at_root(p, 0, &self->bound[0], NULL) && look_at_root(p, 1, &self->bound[1], NULL);
+}
 
 /* The communicator not freed and its ring not broken (Communicator._usable); 0 also if unreadable. */
 static int usable(Persistent *self) {
@@ -1159,11 +1261,14 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
     const Py_ssize_t *at = self->request_at;
     Program *program = (Program *)self->program;
     if (FIELD(request, at[R_FREED]) != Py_False || FIELD(request, at[R_RUNNING]) != Py_False ||
-        PyList_GET_SIZE(self->in_flight) || program->exchanges == NULL || !usable(self) || !owned(self->ring))
+        PyList_GET_SIZE(self->in_flight) || program->exchanges == NULL || !usable(self) || !owned(self->ring) ||
+        !still_bound(self))
         return in_python(self, IN_PYTHON_START);
     PyObject *now = next_call(self->ring);
     if (now == NULL)
         return NULL;
+    number_call(program, PyLong_AsLongLong(now)); /* the notice this run looks for at its end */
+    set_field(self->call, self->number_at, now);
     Py_DECREF(now);
     set_field(self->call, self->step_at, zero);
     set_field(request, at[R_RUNNING], Py_True);
@@ -1208,6 +1313,12 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
         PyObject *stopped = run_from(program, (Py_ssize_t)position, 1, self->spin);
         if (stopped == NULL) /* recorded work raised: as in Python, the error goes to the caller */
             return NULL;
+        if (stopped == Py_None && notice_waiting(program)) { /* Python raises, naming the peer */
+            Py_DECREF(stopped);
+            stopped = Py_BuildValue("(nii)", program->length, STOPPED_NOTICE, 0);
+            if (stopped == NULL)
+                return NULL;
+        }
         if (stopped != Py_None) {
             PyObject *result = PyObject_CallOneArg(self->handlers[RESUME_WAIT], stopped);
             Py_DECREF(stopped);
@@ -1235,7 +1346,8 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
     }
     ok = ok && offsets_of(Py_TYPE(request), request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
          offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0 &&
-         (self->step_at = slot_offset(Py_TYPE(call), "step")) >= 0;
+         (self->step_at = slot_offset(Py_TYPE(call), "step")) >= 0 &&
+         (self->number_at = slot_offset(Py_TYPE(call), "number")) >= 0;
     for (int i = 0; ok && i < HANDLERS; i++)
         ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
     if (ok) {
@@ -1247,6 +1359,12 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
         for (int i = 0; i < HANDLERS; i++)
             Py_XSETREF(self->handlers[i], Py_NewRef(handlers[i]));
         self->spin = spin;
+        Program *p = (Program *)program;
+        for (int root = 0; root < 2; root++)
+            if (p->nroots >= 2)
+                look_at_root(p, root, NULL, &self->bound[root]);
+            else
+                self->bound[root].state = BOUND_UNSEEN;
     }
     for (int i = 0; i < HANDLERS; i++)
         Py_XDECREF(handlers[i]);
@@ -1302,15 +1420,19 @@ static PyTypeObject PersistentType = {
     .tp_methods = persistent_methods,
 };
 
-/* bind(startall, testall, waitall, get_count, isend, irecv, request_size, status_size, datatype_size,
-   request_offset, byte_type); a communicator's handle has the datatype's size (compiled.py checks). */
+/* bind(startall, testall, waitall, get_count, isend, irecv, iprobe, request_size, status_size,
+   datatype_size, request_offset, byte_type, any_source); a communicator's handle has the
+   datatype's size (compiled.py checks). */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long startall, testall, waitall, count, isend_address, irecv_address, byte_type;
+    unsigned long long startall, testall, waitall, count, isend_address, irecv_address, iprobe_address, byte_type;
     Py_ssize_t request_size, status_size, datatype_size, request_offset;
-    if (!PyArg_ParseTuple(args, "KKKKKKnnnnK", &startall, &testall, &waitall, &count, &isend_address, &irecv_address,
-                          &request_size, &status_size, &datatype_size, &request_offset, &byte_type))
+    int any_source;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnKi", &startall, &testall, &waitall, &count, &isend_address,
+                          &irecv_address, &iprobe_address, &request_size, &status_size, &datatype_size,
+                          &request_offset, &byte_type, &any_source))
         return NULL;
-    if (!startall || !testall || !waitall || !count || !isend_address || !irecv_address || request_size <= 0 ||
+    if (!startall || !testall || !waitall || !count || !isend_address || !irecv_address || !iprobe_address ||
+        request_size <= 0 ||
         status_size <= 0 || request_offset <= 0 ||
         (datatype_size != (Py_ssize_t)sizeof(int) && datatype_size != (Py_ssize_t)sizeof(void *))) {
         PyErr_SetString(PyExc_ValueError, "bind(): an MPI function is missing or a handle size is unknown");
@@ -1322,6 +1444,8 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     mpi.get_count = (void *)(uintptr_t)count;
     mpi.isend = (void *)(uintptr_t)isend_address;
     mpi.irecv = (void *)(uintptr_t)irecv_address;
+    mpi.iprobe = (void *)(uintptr_t)iprobe_address;
+    mpi.any_source = any_source;
     mpi.request_size = request_size;
     mpi.status_size = status_size;
     mpi.datatype_size = datatype_size;
@@ -1332,9 +1456,9 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, isend, irecv, request_size, "
-                                 "status_size, datatype_size, request_offset, byte_type): the MPI library's functions "
-                                 "and handle sizes"},
+    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, isend, irecv, iprobe, request_size, "
+                                 "status_size, datatype_size, request_offset, byte_type, any_source): the MPI "
+                                 "library's functions, handle sizes and constants"},
     {"supports", supports, METH_VARARGS, "supports(op, dtype): whether WORK_OP with these codes runs here"},
     {NULL, NULL, 0, NULL},
 };

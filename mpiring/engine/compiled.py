@@ -28,7 +28,7 @@ except ImportError:  # not built (no compiler at install time): everything repla
     _replay = None
 
 # Program.run's reasons for stopping
-STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR, STOPPED_CHANGED = 0, 1, 2, 3
+STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR, STOPPED_CHANGED, STOPPED_NOTICE = 0, 1, 2, 3, 4
 # kinds of work a Program does itself (WORK_CALL is any callable)
 WORK_COPY, WORK_OP, WORK_DIVIDE, WORK_EXPECT = 1, 2, 3, 4
 
@@ -103,9 +103,9 @@ def _bind() -> bool:
             if MPI._addressof(MPI.Prequest()) - id(MPI.Prequest()) != request_offset or request_offset <= 0:
                 raise ValueError("request objects keep their handles at different places")
             _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
-                         address("MPI_Get_count"), address("MPI_Isend"), address("MPI_Irecv"),
+                         address("MPI_Get_count"), address("MPI_Isend"), address("MPI_Irecv"), address("MPI_Iprobe"),
                          MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status), MPI._sizeof(MPI.Datatype),
-                         request_offset, MPI._handleof(MPI.BYTE))
+                         request_offset, MPI._handleof(MPI.BYTE), MPI.ANY_SOURCE)
             _bound = True
         except (OSError, AttributeError, ValueError, TypeError):  # an MPI this was not made for
             _bound = False
@@ -204,7 +204,7 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     roots = (0, 0, *(0 if a is None else a.__array_interface__["data"][0] for a in schedule.owned))
     return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, schedule.call.tag,
                            roots, schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
-                           schedule.result_kind, schedule.traffic, schedule)
+                           schedule.result_kind, schedule.traffic, schedule, schedule.sequence, schedule.notice)
 
 
 def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:

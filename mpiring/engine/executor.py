@@ -23,11 +23,21 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpiring.backend import binding
 from mpiring.engine import compiled
 from mpiring.engine.plan import START, WAIT, plan_steps
 from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
-from mpiring.engine.waiting import YIELD_SECONDS, is_complete, make_room, poll, progress_others, wait_step
-from mpiring.errors import CollectiveTimeout, CommunicationError
+from mpiring.engine.waiting import (
+    YIELD_SECONDS,
+    is_complete,
+    leave_notice,
+    make_room,
+    no_notice,
+    poll,
+    progress_others,
+    wait_step,
+)
+from mpiring.errors import ArgumentError, CollectiveTimeout, CommunicationError, MessageMismatchError
 from mpiring.ring import Ring
 
 _testall, _waitall = MPI.Request.Testall, MPI.Request.Waitall
@@ -76,6 +86,7 @@ class CollectiveRequest:
         self._result: Any = None
         self._error: BaseException | None = None
         self._step: Step | None = None
+        call.number = ring.calls  # its notice, if a rank leaves it, names it
         self._advance()
         if ring.in_flight:
             progress_others(ring)  # requests tested once and dropped finish as later calls come
@@ -93,6 +104,12 @@ class CollectiveRequest:
         except StopIteration as finished:
             self._done, self._result, self._step = True, finished.value, None
             self._leave()
+            try:  # none of its data may come from a call a peer left
+                no_notice(self._ring, self._call.collective, self._call.algorithm, self._call.number)
+            except MessageMismatchError as error:
+                self._result = None
+                self._fail(error)
+                raise
         except BaseException as error:  # the collective raised (a mismatch every rank found): it is over
             self._fail(error)
             raise
@@ -107,6 +124,7 @@ class CollectiveRequest:
         may leave its messages in flight breaks the ring, which keeps the step's buffers alive."""
         if isinstance(error, (CollectiveTimeout, CommunicationError)):
             self._ring.abandon(self._call, error, (self._step, self._steps))
+            leave_notice(self._ring, self._call.number)  # a peer that completes it raises instead of returning
         self._done, self._error, self._step = True, error, None
         self._leave()
 
@@ -245,12 +263,16 @@ def run_exchanges(ring: Ring, recorded: Any, first: int, started: bool) -> None:
     _exchanges_in_python(ring, recorded, first, started, 0.0)
 
 
-def _resume(ring: Ring, recorded: Any, stopped: tuple[int, int, int], spin: float) -> None:
+def _resume(ring: Ring, recorded: Any, stopped: tuple[int, int, int], spin: float, calls: int | None = None) -> None:
     """Carry on where the C replay stopped: an exchange still incomplete after `spin` seconds
-    goes on in Python (waiting.poll); a wrong size or an MPI error raises."""
+    goes on in Python (waiting.poll); a wrong size or an MPI error raises, and so does a peer's
+    notice that it left the call (numbered `calls`: the blocking call now by default)."""
     first, reason, code = stopped
     if reason == compiled.STOPPED_CHANGED:
         raise compiled.LayoutChanged
+    if reason == compiled.STOPPED_NOTICE:  # the run is complete; a peer's notice came meanwhile
+        no_notice(ring, recorded.call.collective, recorded.call.algorithm, calls)
+        return
     if reason != compiled.STOPPED_WAITING:
         _raise_stopped(ring, recorded, first, code)
     _exchanges_in_python(ring, recorded, first, True, spin)
@@ -353,7 +375,7 @@ class PersistentRequest:
         "start": "Begin a run (the previous one must have completed).",
         "wait": "Block until the run started last completes; return its result.",
         **dict.fromkeys(("_ring", "_call", "_recorded", "_replay", "_started", "_run", "_position", "_running",
-                         "_freed", "_error", "holds", "_spin")),
+                         "_freed", "_error", "holds", "_spin", "_bound")),
     }
 
     def __init__(self, ring: Ring, call: Call, recorded: Any | None,
@@ -371,7 +393,28 @@ class PersistentRequest:
         self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
         timeout = call.timeout  # how long the C replay spins before Python's poll takes over
         self._spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
+        self._bound = self._binding()  # what each start finds unchanged in its arrays
         self.start, self.wait = self._start_in_python, self._wait_in_python
+
+    def _arrays(self) -> tuple:
+        """x and out as its runs read and write them (a recording's own out= where none was given)."""
+        recorded = self._recorded
+        return self._call.arrays if recorded is None else (recorded.x, recorded.out)
+
+    def _binding(self) -> tuple:
+        return tuple(binding(array) for array in self._arrays())
+
+    def _check_binding(self) -> None:
+        """Refuse a start whose arrays were restrided, resized, reshaped, retyped or made
+        read-only since the request was made: its runs are bound to them as they were."""
+        now = self._binding()
+        if now != self._bound:
+            name = "x" if now[0] != self._bound[0] else "out"
+            array = self._arrays()[0 if name == "x" else 1]
+            kind = "its result" if name == "out" and self._call.arrays[1] is None else name
+            raise ArgumentError(self._call.collective, name, f"{kind} was restrided, resized, reshaped, retyped or "
+                                f"made read-only since this persistent request was made (now {_described(array)}): "
+                                "its runs read and write the memory it had then; make a new request")
 
     def take_shortcut(self, communicator: Any) -> None:
         """Start and wait in C where they can (a compiled schedule or plan, the lean paths below;
@@ -389,7 +432,14 @@ class PersistentRequest:
     def _start_in_python(self) -> None:
         if self._freed or self._running:
             self._refuse_start()
-        self._started()
+        self._started()  # the run takes its number on every rank, refused here or not
+        self._call.number = self._ring.calls
+        try:
+            self._check_binding()
+        except ArgumentError as error:  # for good: its peers' messages for this run are on its tag
+            self.free()
+            self._error = error
+            raise
         ring, call, recorded = self._ring, self._call, self._recorded
         if ring.in_flight:  # only then is there anything to do (small calls are paid in Python time)
             make_room(ring, self.holds)
@@ -434,6 +484,8 @@ class PersistentRequest:
 
     def _refuse_start(self) -> None:
         collective = self._call.collective
+        if isinstance(self._error, ArgumentError):  # a start refused: so is every later one
+            raise self._error
         if self._freed:
             raise RuntimeError(f"this persistent {collective} request was freed")
         raise RuntimeError(f"this persistent {collective} request is still running: "
@@ -483,6 +535,7 @@ class PersistentRequest:
                     in_flight.clear()
                     self._running = False
                     run_exchanges(ring, recorded, self._position, started=True)
+                    self._no_notice()
                 while self._running:
                     wait_step(ring, recorded.step(self._position), call, self)
                     self._next()
@@ -494,7 +547,7 @@ class PersistentRequest:
     def _resume_wait(self, stopped: tuple[int, int, int]) -> Any:
         """The C wait's replay stopped (waiting too long, a wrong size, an MPI error): Python carries on."""
         try:
-            _resume(self._ring, self._recorded, stopped, self._spin)
+            _resume(self._ring, self._recorded, stopped, self._spin, self._call.number)
         except (CollectiveTimeout, CommunicationError) as error:
             self._abandon(error)
             raise
@@ -528,6 +581,12 @@ class PersistentRequest:
         else:
             self._running = False
             self._ring.in_flight.remove(self)
+            self._no_notice()
+
+    def _no_notice(self) -> None:
+        """A run that received data raises if a peer left it (see waiting.no_notice)."""
+        if self._recorded.receives:
+            no_notice(self._ring, self._call.collective, self._call.algorithm, self._call.number)
 
     def _run_step(self, advance: Callable[[], Any]) -> Any:
         """Advance a generator-driven run; what it raises ends this run (the request's error)."""
@@ -542,6 +601,7 @@ class PersistentRequest:
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
         self._ring.abandon(self._call, error, self._recorded)  # keeps its buffers: MPI may still write them
+        leave_notice(self._ring, self._call.number)  # a peer that completes this run raises instead of returning
 
     def _check_started(self) -> None:
         """Raise what the last run raised, or that there was no run yet."""
@@ -549,3 +609,10 @@ class PersistentRequest:
             raise self._error
         if self._position < 0 and self._run is None:
             raise RuntimeError(f"this persistent {self._call.collective} request was never started: call start()")
+
+
+def _described(array: Any) -> str:
+    flags = getattr(array, "flags", None)
+    contiguous = "C-contiguous" if getattr(flags, "c_contiguous", False) else "not C-contiguous"
+    writable = "" if getattr(flags, "writeable", True) else ", read-only"
+    return f"shape {getattr(array, 'shape', '?')}, {getattr(array, 'dtype', '?')}, {contiguous}{writable}"

@@ -29,7 +29,7 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
-from mpiring.backend import NUMPY, NumpyBackend
+from mpiring.backend import NUMPY, NumpyBackend, binding
 from mpiring.engine import compiled
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.ops import AVG, UFUNC_NAMES
@@ -45,16 +45,16 @@ class Plan:
     address reused by another array) while the persistent requests point into it.
     """
 
-    # slots: the C shortcut of a cached call (compiled.shortcut) reads and writes some by offset
-    __slots__ = ("call", "actions", "prologue_works", "exchanges", "compiled", "result", "backend", "copy_of",
-                 "copy_result", "traffic", "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype",
-                 "out", "out_shape", "out_dtype")
+    __slots__ = ("call", "actions", "receives", "prologue_works", "exchanges", "compiled", "result", "backend",
+                 "copy_of", "copy_result", "traffic", "requests", "allocated", "pinned", "used", "x", "out",
+                 "dtypes", "bound")
 
     def __init__(self, call: Call, actions: list[Action], result: Any, traffic: Traffic,
                  requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend, busy_poll: bool) -> None:
         self.call = call
         self.actions = actions
         self.traffic = traffic  # what one run hands to MPI
+        self.receives = any(kind == START and item.receives for kind, item in actions)  # (Communicator: no_notice)
         # the same actions as work before the first message, then exchanges (start a step, wait
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue_works, self.exchanges = fuse(actions)
@@ -75,16 +75,19 @@ class Plan:
         self.allocated = allocated  # bytes of outputs and scratch it allocated itself
         self.pinned = 0  # users that replay its requests themselves (the cache never evicts it then)
         self.used = 0  # when it last ran, in its communicator's calls (PlanCache evicts the least recent)
-        self.x = self.out = self.x_shape = self.out_shape = self.x_dtype = self.out_dtype = None
+        self.x = self.out = self.dtypes = self.bound = None
 
     def bind(self, x: Any, out: Any) -> None:
-        """Remember the call's arrays (kept alive) and the shapes a later call must match."""
+        """Remember the call's arrays (kept alive), and what a later call must find unchanged in them."""
         self.x, self.out = x, out
-        if x is not None:
-            self.x_shape, self.x_dtype = x.shape, x.dtype
-        if out is not None:
-            self.out_shape, self.out_dtype = out.shape, out.dtype
+        self.dtypes = _dtype(x), _dtype(out)
+        self.bound = binding(x), binding(out)
         self.copy_result = self.copy_of if out is None and self.result is not None else None
+
+    def fits(self, x: Any, out: Any) -> bool:
+        """Whether the plan's own arrays (`seen`) are as it bound them: dtype (reassigned in place),
+        memory, strides, shape, writability. Otherwise it is built anew."""
+        return (_dtype(x), _dtype(out)) == self.dtypes and (binding(x), binding(out)) == self.bound
 
     def seen(self, x: Any, out: Any) -> bool:
         """Whether these arrays are the plan's own (it no longer fits them: build it anew)."""
@@ -135,6 +138,10 @@ class Plan:
         if self.compiled is not None:
             self.compiled.release()  # its copies of the handles are stale now
             self.compiled = None
+
+
+def _dtype(array: Any) -> Any:
+    return None if array is None else array.dtype
 
 
 class Sighting:

@@ -262,6 +262,14 @@ class Schedule:
             exchange.during = self._works_of(exchange.during, roots)
             exchange.after = self._works_of(exchange.after, roots)
         self.x = self.out = None  # the arrays bound now (the Python replay's; the C one keeps its own)
+        self.tags = ring.tags
+        # how each call's number goes into its blocking tag and its notice's (a persistent
+        # request's own tag carries none: only its notice does)
+        self.sequence = ring.tags.numbering(ring.blocking_tag(0, numbered=False))
+        # whether a run receives anything: only then can it have taken a peer's abandoned data
+        self.receives = any(exchange.step.receives for exchange in self.exchanges)
+        notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
+        self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
         self._bytes: list[numpy.ndarray | None] = [None, None,
                                                    *(None if a is None else _as_bytes(a) for a in self.owned)]
         self.compiled = compiled.program(self, ring.busy_poll)
@@ -337,6 +345,12 @@ class Schedule:
         return ((x is None or x.nbytes == self.x_bytes) and (out is None or out.nbytes == self.out_bytes)
                 and bindable(x, out))
 
+    def number(self, calls: int) -> None:
+        """Take the tag of the call numbered `calls` (a blocking call's tag carries its number)."""
+        self.call.tag = self.tags.with_sequence(self.call.tag, calls)
+        if self.compiled is not None:
+            self.compiled.tag = self.call.tag
+
     def bind(self, x: Any, out: Any) -> None:
         """Bind a call's arrays (checked by `fits`): out is made here when the call gives none."""
         if out is None and self.allocate is not None:
@@ -367,7 +381,7 @@ class Schedule:
 
         roots = self.bound_roots()
         layout = self.layout
-        call = Call(self.call.collective, layout.algorithm, layout.tag, timeout)
+        call = Call(self.call.collective, layout.algorithm, self.tags.with_sequence(layout.tag, ring.calls), timeout)
         out = None if self.allocate is not None else roots[ROOT_OUT]  # the caller's out=, if it gave one
         steps = layout.finish(ring, NUMPY, call, roots[ROOT_X], out, layout.table)
         return run_to_end(ring, steps, call)

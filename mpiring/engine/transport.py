@@ -84,6 +84,9 @@ class Call:
     step: int = 0  # steps completed so far
     checked: tuple = ()  # (x, op, root) as the consistency check (MPIRING_CHECK) compares them
     arrays: tuple = (None, None)  # a nonblocking or persistent call's (x, out), for the aliasing check
+    # a nonblocking call's or persistent run's number on the ring (None: a blocking call, numbered
+    # ring.calls while it runs): a notice that a rank left it names it (waiting.leave_notice)
+    number: int | None = None
 
 
 # An algorithm: a generator that yields each step it posted and returns the collective's result.

@@ -34,6 +34,7 @@ YIELD_SECONDS = 10e-3
 _LOOK_SECONDS = 20e-3
 
 _NOTHING = bytearray(0)  # the buffer of an empty message (notices)
+_status = MPI.Status()  # where no_notice's probe writes (one thread per communicator calls)
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
@@ -195,7 +196,20 @@ def _raise_timeout(step: Step, call: Call) -> None:
     """
     waiting = [f"{what} rank {peer}" for index, (what, peer) in enumerate(step.peers) if not finished(step, index)]
     if waiting:
+        cancel_receives(step)
         raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+
+
+def cancel_receives(step: Step) -> None:
+    """A step given up: each of its receives still posted is cancelled (or, where its message was
+    landing, completed now), so MPI never writes into the caller's memory after the call raised.
+    Its sends cannot be taken back: they may read the caller's arrays until their peers take them."""
+    status = MPI.Status()
+    for index, _, _ in step.receives:
+        request = step.requests[index]
+        if request and not finished(step, index):
+            request.Cancel()
+            request.Wait(status)
 
 
 def _drive(step: Step, call: Call) -> None:
@@ -231,13 +245,19 @@ class _Watch:
     awaited one still missing) is a mismatch: raise.
     """
 
-    __slots__ = ("ring", "step", "call", "next", "seen")
+    __slots__ = ("ring", "step", "call", "next", "seen", "notice")
 
     def __init__(self, ring: Ring, step: Step, call: Call, start: float) -> None:
         self.ring, self.step, self.call = ring, step, call
-        # blocking calls, and the consistency check (tag 0) they may run first
-        watched = call.tag == 0 or ring.tags.is_blocking(call.tag)
-        self.next = start + _LOOK_SECONDS if watched and step.receives else math.inf
+        # blocking calls, the consistency check (tag 0) they may run first, and nonblocking calls
+        # whose tags name their kind
+        tags = ring.tags
+        watched = call.tag == 0 or tags.is_blocking(call.tag) or tags.sequence_of(call.tag) is not None
+        # a call left waiting on its sends alone: a peer that left this very call says so
+        blocking = tags.is_blocking(call.tag)
+        number = ring.calls if blocking else call.number
+        self.notice = tags.notice(ring.failures, number) if blocking or number is not None else None
+        self.next = start + _LOOK_SECONDS if watched and (step.receives or self.notice is not None) else math.inf
         self.seen: tuple[int, int] | None = None
 
     def look(self, now: float) -> None:
@@ -245,37 +265,65 @@ class _Watch:
             return
         self.next = now + _LOOK_SECONDS
         found = foreign_message(self.ring, self.step, self.call)
+        if found is None and self.notice is not None and self.ring.comm.Iprobe(MPI.ANY_SOURCE, self.notice, _status):
+            found = self.seen = (_status.Get_source(), self.notice)  # that peer left this call: no second look
         if found is not None and found == self.seen:
+            cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
         self.seen = found
 
 
 def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | None:
     """(source, tag) of the first message a peer whose receive in `step` is still pending has
-    sent with another blocking call's tag, if any. It only looks (Iprobe), except that it
-    takes out of the way notices from a failure count other than this rank's (calls that raised
-    on this rank too, or long ago)."""
+    sent with another blocking call's tag (another kind of call, or another call of this kind),
+    or, in a nonblocking call, of another kind of call at this call's place, or its farewell
+    (engine.farewell: it freed the communicator), if any. It only looks
+    (Iprobe), except that it takes out of the way notices from a failure count other than this
+    rank's (calls that raised on this rank too, or long ago)."""
     status = MPI.Status()
     tags = ring.tags
-    own_notice = tags.notice(ring.failures)  # a peer that left a call of this rank's generation
+    ours = tags.sequence_of(call.tag)
     for index, _, source in step.receives:
         while not finished(step, index) and ring.comm.Iprobe(source, MPI.ANY_TAG, status):
             tag = status.Get_tag()
-            if tag == call.tag or not tags.is_blocking(tag):
+            if tag == call.tag:
                 break
-            if tag == own_notice or not tags.is_notice(tag):
+            if tag == tags.farewell:  # that peer freed the communicator: it makes no more calls here
+                return source, tag
+            if not tags.is_blocking(tag):
+                theirs = tags.sequence_of(tag)  # nonblocking or persistent: only the same place tells
+                if ours is not None and theirs is not None and theirs[0] == ours[0]:
+                    return source, tag
+                break
+            if not tags.is_notice(tag) or tags.notice_of(tag, ring.failures):  # a peer left a call of this generation
                 return source, tag
             ring.comm.Recv([_NOTHING, 0, MPI.BYTE], source, tag)  # a notice of a call this rank left too
     return None
 
 
-def leave_notice(ring: Ring) -> None:
-    """This rank's blocking call raised and it moves on (Ring.failures): tell every other rank
-    with an empty message on the notice tag of the generation it leaves, so a peer waiting for
-    it in that call, or in any later call of that generation, raises at once (foreign_message)
-    rather than at its timeout. The notices of that generation the peers sent this rank (they
-    raised too) are taken out of the way now, or by a later look."""
-    tag = ring.tags.notice(ring.failures)
+def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | None = None) -> None:
+    """Raise if a peer left the call numbered `calls` (this one by default): its notice has come,
+    and a call that completed with it may have taken data it sent for that call and rewrote
+    since. Every call that received data asks once, at its end (one MPI_Iprobe; the C replay
+    asks the same)."""
+    if ring.size == 1:
+        return
+    number = ring.calls if calls is None else calls
+    tag = ring.tags.notice(ring.failures, number)  # a notice that a peer left this very call
+    if tag is not None and ring.comm.Iprobe(MPI.ANY_SOURCE, tag, _status):
+        raise MessageMismatchError(collective, f"rank {_status.Get_source()} raised in this call and left it "
+                                   f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
+                                   f"call {number} here) went on: its data may come from the call that rank left")
+
+
+def leave_notice(ring: Ring, calls: int | None = None) -> None:
+    """This rank's call numbered `calls` (the blocking call now, by default) raised and it moves
+    on: tell every other rank with an empty message on the notice tag of its generation and of
+    that call, so a peer waiting for it in that call, or in any later call of that generation,
+    raises at once (foreign_message) rather than at its timeout, and a peer that completed that
+    call raises at its end (no_notice). The notices of that call the peers sent this rank (they
+    raised too) are taken out of the way now, the others of that generation by a later look."""
+    tag = ring.tags.notice(ring.failures, ring.calls if calls is None else calls)
     if tag is None:
         return
     ring.notices = [request for request in ring.notices if not request.Test()]
@@ -289,19 +337,30 @@ def leave_notice(ring: Ring) -> None:
 def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
     """The error for a message of another call from `source`, naming both calls."""
     tags = ring.tags
-    theirs, their_identity = tags.split(tag)
-    ours = tags.split(ring.blocking_tag(0))[0]
-    our_identity = tags.split(call.tag)[1] if tags.is_blocking(call.tag) else None  # None: the check
+    blocking = tags.is_blocking(call.tag)
+    our_identity = tags.split(call.tag)[2] if blocking else None  # None: the check, or a nonblocking call
     call_words = f"{call.collective} ({call.algorithm})" if our_identity is None else ring.describe(our_identity,
                                                                                                      ring.size)
     waits = f"this rank waits in {call_words} (call {ring.calls} here)"
+    if tag == tags.farewell:
+        return MessageMismatchError(call.collective, f"rank {source} freed this communicator while {waits}: the "
+                                    "ranks made different numbers of calls on it (one skipped a call, or this "
+                                    "one made one more)")
     if tags.is_notice(tag):
-        return MessageMismatchError(call.collective, f"rank {source} raised in a blocking call and left it "
+        return MessageMismatchError(call.collective, f"rank {source} raised in a call and left it "
                                     f"(see the error there) while {waits}")
+    if not tags.is_blocking(tag):
+        return MessageMismatchError(call.collective, f"rank {source} started another kind of nonblocking call or "
+                                    f"persistent request (collective, dtype or op) at the place where {waits}")
+    theirs, their_sequence, their_identity = tags.split(tag)
+    ours, our_sequence = tags.split(ring.blocking_tag(0))[0], tags.split(call.tag)[1] if blocking else None
     what = f"rank {source} sent a message of {ring.describe(their_identity, ring.size)}"
     if their_identity != our_identity:
         problem = (f"{what} while {waits}: the ranks called different collectives, or with different dtypes, "
                    "ops, roots or algorithms")
+    elif their_sequence != our_sequence and theirs == ours:
+        problem = (f"{what}, the same kind of call as this rank's but another one (call {ring.calls} here): a rank "
+                   "skipped a call, or made one more, and the ranks' calls no longer line up")
     else:
         problem = f"{what}, the same kind of call as this rank's (call {ring.calls} here)"
     if theirs != ours:

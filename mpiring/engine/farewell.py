@@ -1,0 +1,85 @@
+"""Letting go of a communicator's MPI communicator (Communicator.free) without leaving a message
+behind that a later communicator could match.
+
+MPI gives a freed communicator's context id to a later one, and a message still on its way to
+(or waiting at) a rank would then match that communicator's receives. After a call raised, the
+ranks may hold such messages: the notices of waiting.leave_notice, data a peer sent for a call
+this rank left. So each rank says farewell: an empty message on the farewell tag to every peer,
+sent after everything else it ever sent them. A rank takes every peer's messages in the order
+they were sent (one receive for any tag keeps MPI's order between two ranks), dropping them,
+until that peer's farewell: nothing that peer sent is then left in flight to it. Once every
+peer's farewell is in, the MPI communicator is freed, unless this rank itself may still have
+messages of an abandoned call active (Ring.broken), which MPI could complete into memory only
+the ring keeps alive: that communicator is kept (one context id).
+
+    rank 0: ... notice --> ... farewell -->        rank 1: takes, drops ..., takes farewell
+    rank 0: takes rank 1's messages up to its farewell; then MPI_Comm_free
+
+Nothing waits: what has not arrived when free() returns is taken by the next free() or
+Communicator() of the process (`let_go`), so a rank that frees late never holds up the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from mpiring.ring import Ring
+
+_NOTHING = bytearray(0)
+_leaving: list[_Farewell] = []  # communicators whose farewells are not all in yet
+_kept: list[Any] = []  # what kept communicators' abandoned calls hold, for the life of the process
+
+
+class _Farewell:
+    """One communicator being let go: the peers whose farewell has not come yet."""
+
+    __slots__ = ("comm", "tag", "peers", "sends", "keep", "held", "status")
+
+    def __init__(self, ring: Ring, keep: bool) -> None:
+        comm = self.comm = ring.comm
+        self.tag = ring.tags.farewell
+        self.peers = [peer for peer in range(ring.size) if peer != ring.rank]
+        self.sends = [comm.Isend([_NOTHING, 0, MPI.BYTE], peer, self.tag) for peer in self.peers]
+        self.keep = keep
+        # what MPI may still read or write: the notices' requests, an abandoned call's buffers
+        self.held: Any = (ring.notices, ring.abandoned)
+        self.status = MPI.Status()
+
+    def advance(self) -> bool:
+        """Take and drop what the peers sent, up to each one's farewell; True once all are in
+        (and the communicator is then freed, or kept for good)."""
+        comm, status = self.comm, self.status
+        for peer in list(self.peers):
+            while comm.Iprobe(peer, MPI.ANY_TAG, status):
+                tag, size = status.Get_tag(), status.Get_count(MPI.BYTE)
+                comm.Recv([bytearray(size), size, MPI.BYTE], peer, tag)
+                if tag == self.tag:
+                    self.peers.remove(peer)
+                    break
+        if self.peers:
+            return False
+        if self.keep:
+            _kept.append(self.held)
+        else:
+            comm.Free()  # the farewell sends may still be completing: MPI lets them
+        return True
+
+
+def say_farewell(ring: Ring) -> None:
+    """Start letting go of `ring`'s MPI communicator (see the module's docstring)."""
+    farewell = _Farewell(ring, keep=ring.broken is not None)
+    if not farewell.advance():
+        _leaving.append(farewell)
+    let_go()
+
+
+def let_go() -> None:
+    """Take what has arrived for communicators still being let go; free those now complete."""
+    _leaving[:] = [farewell for farewell in _leaving if not farewell.advance()]
+
+
+def leaving() -> int:
+    """How many communicators wait for a peer's farewell (tests, and Communicator's advice)."""
+    return len(_leaving)
