@@ -31,7 +31,7 @@ def program(works=(), during=(), prologue=(), exchanges=1, roots=(0, 0), owned=(
     spec = (b"", [], (), (), tuple(works), (), tuple(during))
     traffic = traffic or Traffic(bytes_sent=16, bytes_received=12, messages=2)
     return compiled._replay.Program(tuple(prologue), (spec,) * exchanges, 0, False, 0, roots, owned, x_bytes,
-                                    out_bytes, allocate, result, traffic, schedule)
+                                    out_bytes, allocate, result, traffic, schedule, items=(x_bytes // 4, out_bytes // 4))
 
 
 def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
@@ -459,3 +459,16 @@ def test_shortcuts_used_before_they_were_made_raise() -> None:
                 persistent.wait):
         with pytest.raises(RuntimeError, match="before it was made"):
             use()
+
+
+def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> None:
+    samples = compiled._array_samples()
+    assert compiled._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as _replay.c reads them
+    array, address, *rest = samples[1]
+    try:
+        assert compiled._replay.read_arrays(((array, address + 8, *rest),)) is False  # disagreeing: not read
+        rig = PersistentRig()
+        rig.start()
+        assert rig.request.handed == ["start"]  # without readable fields a persistent start asks Python
+    finally:
+        assert compiled._replay.read_arrays(samples) is True

@@ -122,6 +122,7 @@ typedef struct {
     PyObject *owned;           /* the owned roots' arrays, kept alive */
     PyObject *x, *out;         /* the arrays bound now, for work done in Python (None between calls) */
     Py_ssize_t x_bytes, out_bytes; /* what a bound x and out must hold */
+    Py_ssize_t x_items, out_items; /* their elements (-1: unknown, their size is asked of the buffer protocol) */
     PyObject *allocate;        /* makes the result when the call gives no out= (None: out is given) */
     int result;                /* what a call returns: RESULT_NONE, RESULT_OUT, RESULT_X */
     PyObject *traffic;         /* what one run hands MPI (a Traffic), for the Shortcut's counting */
@@ -521,19 +522,20 @@ static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
 }
 
 /* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
-   traffic, schedule, sequence=(base, shift, mask), notice=-1): roots: a tuple of root addresses
-   (0 and 1 placeholders, bound per call). */
+   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1)): roots: a tuple of
+   root addresses (0 and 1 placeholders, bound per call). */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
     unsigned long long comm;
     int busy = 0, tag = 0, result = RESULT_NONE, base = 0, shift = 0, mask = 0, notice = -1;
-    Py_ssize_t x_bytes = 0, out_bytes = 0;
+    Py_ssize_t x_bytes = 0, out_bytes = 0, x_items = -1, out_items = -1;
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
-                            "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO|(iii)i", names, &PyTuple_Type, &prologue,
+                            "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice",
+                            "items", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO|(iii)i(nn)", names, &PyTuple_Type, &prologue,
                                      &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
                                      &out_bytes, &allocate, &result, &traffic, &schedule, &base, &shift, &mask,
-                                     &notice))
+                                     &notice, &x_items, &out_items))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -550,6 +552,8 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     self->result = result;
     self->x_bytes = x_bytes;
     self->out_bytes = out_bytes;
+    self->x_items = x_items;
+    self->out_items = out_items;
     self->nroots = PyTuple_GET_SIZE(roots);
     self->base = PyMem_Calloc(self->nroots ? self->nroots : 1, sizeof(char *));
     if (self->base == NULL) {
@@ -980,9 +984,67 @@ static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
     return PyErr_Occurred() ? NULL : (Program *)found;
 }
 
+/* The leading fields of a NumPy array object as numpy/ndarraytypes.h lays them out
+   (PyArrayObject_fields, the same from NumPy 1.7 to 2.x), read without NumPy's headers. They are
+   used only once `read_arrays` has found them where they should be in live arrays (compiled.py
+   asks when it binds the MPI library); until then, or if not, the buffer protocol serves. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions, *strides;
+    PyObject *base, *descr;
+    int flags;
+} ArrayHead;
+enum { ARRAY_C_CONTIGUOUS = 0x0001, ARRAY_WRITEABLE = 0x0400 };
+static PyTypeObject *readable_arrays; /* numpy.ndarray, once its fields were found where expected */
+
+/* read_arrays(samples): samples of (array, address, shape, strides, c_contiguous, writeable) as
+   NumPy describes them; True (and the fields are read directly from now on) if every one agrees. */
+static PyObject *read_arrays(PyObject *module, PyObject *samples) {
+    PyTypeObject *type = NULL;
+    Py_ssize_t n = PyTuple_Check(samples) ? PyTuple_GET_SIZE(samples) : 0;
+    int agree = n > 0;
+    for (Py_ssize_t i = 0; agree && i < n; i++) {
+        PyObject *array, *shape, *strides;
+        unsigned long long address;
+        int contiguous, writeable;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(samples, i), "OKO!O!pp", &array, &address, &PyTuple_Type, &shape,
+                              &PyTuple_Type, &strides, &contiguous, &writeable))
+            return NULL;
+        const ArrayHead *a = (const ArrayHead *)array;
+        type = type ? type : Py_TYPE(array);
+        agree = Py_TYPE(array) == type && (unsigned long long)(uintptr_t)a->data == address &&
+                a->nd == PyTuple_GET_SIZE(shape) && a->nd == PyTuple_GET_SIZE(strides) &&
+                !(a->flags & ARRAY_C_CONTIGUOUS) == !contiguous && !(a->flags & ARRAY_WRITEABLE) == !writeable &&
+                a->descr == PyObject_GetAttr(array, s_dtype); /* (a new reference, given back below) */
+        if (agree)
+            Py_DECREF(a->descr);
+        PyErr_Clear();
+        for (int d = 0; agree && d < a->nd; d++)
+            agree = a->dimensions[d] == PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d)) &&
+                    a->strides[d] == PyLong_AsSsize_t(PyTuple_GET_ITEM(strides, d));
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    readable_arrays = agree ? type : NULL;
+    return PyBool_FromLong(agree);
+}
+
 /* The address of `array`'s memory if it is C-contiguous (and writable, if asked) and holds
-   `bytes`; NULL (an error set) if not. */
-static char *memory_of(PyObject *array, Py_ssize_t bytes, int writable) {
+   `bytes` (`items` elements of the dtype the key `hit` found the schedule by: -1, unknown); NULL
+   (an error set) if not. A NumPy array's fields are read directly. */
+static char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int writable) {
+    if (Py_TYPE(array) == readable_arrays && items >= 0) {
+        const ArrayHead *a = (const ArrayHead *)array;
+        Py_ssize_t elements = 1;
+        for (int d = 0; d < a->nd; d++)
+            elements *= a->dimensions[d];
+        if ((a->flags & ARRAY_C_CONTIGUOUS) && (!writable || (a->flags & ARRAY_WRITEABLE)) && elements == items)
+            return a->data;
+        PyErr_SetString(PyExc_ValueError, "an array not C-contiguous, read-only, or of another size");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(array, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
         return NULL;
@@ -1000,16 +1062,16 @@ static char *memory_of(PyObject *array, Py_ssize_t bytes, int writable) {
 static int bind_call(Program *p, PyObject *x, PyObject *out) {
     char *x_memory = NULL, *out_memory = NULL;
     PyObject *result = NULL;
-    if (x != Py_None && (x_memory = memory_of(x, p->x_bytes, 0)) == NULL)
+    if (x != Py_None && (x_memory = memory_of(x, p->x_bytes, p->x_items, 0)) == NULL)
         return -1;
     if (out == Py_None && p->allocate != Py_None) {
         result = PyObject_CallNoArgs(p->allocate);
-        if (result == NULL || (out_memory = memory_of(result, p->out_bytes, 1)) == NULL) {
+        if (result == NULL || (out_memory = memory_of(result, p->out_bytes, p->out_items, 1)) == NULL) {
             Py_XDECREF(result);
             return -1;
         }
     } else if (out != Py_None) {
-        if ((out_memory = memory_of(out, p->out_bytes, 1)) == NULL)
+        if ((out_memory = memory_of(out, p->out_bytes, p->out_items, 1)) == NULL)
             return -1;
         if (x != out && x_memory && p->x_bytes && p->out_bytes && x_memory < out_memory + p->out_bytes &&
             out_memory < x_memory + p->x_bytes) {
@@ -1171,15 +1233,16 @@ static const char *request_fields[REQUEST_FIELDS] = {"_freed", "_running", "_err
 enum { IN_PYTHON_START, IN_PYTHON_WAIT, FAILED_START, RESUME_WAIT, HANDLERS };
 static const char *handler_names[HANDLERS] = {"_start_in_python", "_wait_in_python", "_failed_start", "_resume_wait"};
 
-/* What a bound array looked like through the buffer protocol when the request was made. */
-enum { BOUND_DIMS = 8, BOUND_FORMAT = 16 };
+/* A bound array's fields when the request was made (ArrayHead): its memory is the program's root. */
+enum { BOUND_DIMS = 8 };
 typedef struct {
-    int state; /* BOUND_NONE: no array; BOUND_SEEN: as below; BOUND_UNSEEN: not describable here (Python checks) */
-    int ndim;
+    int state; /* BOUND_NONE: no array; BOUND_SEEN: as below; BOUND_UNSEEN: not readable here (Python checks) */
+    int nd, flags;
     Py_ssize_t shape[BOUND_DIMS];
-    char format[BOUND_FORMAT];
+    PyObject *descr; /* held */
 } Bound;
 enum { BOUND_NONE, BOUND_SEEN, BOUND_UNSEEN };
+enum { BOUND_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE };
 
 typedef struct {
     PyObject_HEAD
@@ -1190,46 +1253,37 @@ typedef struct {
     Bound bound[2];               /* x and out as the program was bound to them */
 } Persistent;
 
-/* Look at root 0 (x) or 1 (out) of `p` now: into `seen` if given, else compared with `bound`.
-   1: the same (or, seen, describable); 0: changed or not describable (no error left set). */
-static int look_at_root(Program *p, int root, Bound *bound, Bound *seen) {
+/* Root 0 (x) or 1 (out) of `p` as it is now, kept in `bound` (a request being made). */
+static void keep_root(Program *p, int root, Bound *bound) {
     PyObject *array = root ? p->out : p->x;
-    if (array == NULL || array == Py_None) {
-        if (seen)
-            seen->state = BOUND_NONE;
-        return bound == NULL || bound->state == BOUND_NONE;
-    }
-    if (bound && bound->state != BOUND_SEEN)
-        return 0;
-    Py_buffer view; /* ND without STRIDES: only a C-contiguous array gives one */
-    if (PyObject_GetBuffer(array, &view, PyBUF_ND | PyBUF_FORMAT | (root ? PyBUF_WRITABLE : 0)) < 0) {
-        PyErr_Clear();
-        if (seen)
-            seen->state = BOUND_UNSEEN;
-        return 0;
-    }
-    const char *format = view.format ? view.format : "B";
-    int same = view.buf == p->base[root] && view.ndim <= BOUND_DIMS && strlen(format) < BOUND_FORMAT;
-    if (same && seen) {
-        seen->state = BOUND_SEEN;
-        seen->ndim = view.ndim;
-        memcpy(seen->shape, view.shape, sizeof(Py_ssize_t) * view.ndim);
-        strcpy(seen->format, format);
-    } else if (same) {
-        same = view.ndim == bound->ndim && strcmp(format, bound->format) == 0 &&
-               memcmp(view.shape, bound->shape, sizeof(Py_ssize_t) * view.ndim) == 0;
-    }
-    PyBuffer_Release(&view);
-    if (!same && seen)
-        seen->state = BOUND_UNSEEN;
-    return same;
+    bound->state = array == NULL || array == Py_None ? BOUND_NONE : BOUND_UNSEEN;
+    if (bound->state == BOUND_NONE || Py_TYPE(array) != readable_arrays)
+        return;
+    const ArrayHead *a = (const ArrayHead *)array;
+    if (a->data != p->base[root] || a->nd > BOUND_DIMS)
+        return;
+    bound->state = BOUND_SEEN;
+    bound->nd = a->nd;
+    bound->flags = a->flags & BOUND_FLAGS;
+    memcpy(bound->shape, a->dimensions, sizeof(Py_ssize_t) * a->nd);
+    Py_XSETREF(bound->descr, Py_NewRef(a->descr));
+}
+
+/* Whether root `root` is still as `bound` keeps it: its memory, flags, shape and dtype. */
+static int root_unchanged(Program *p, int root, const Bound *bound) {
+    PyObject *array = root ? p->out : p->x;
+    if (bound->state != BOUND_SEEN)
+        return bound->state == BOUND_NONE && (array == NULL || array == Py_None);
+    const ArrayHead *a = (const ArrayHead *)array;
+    return a->data == p->base[root] && (a->flags & BOUND_FLAGS) == bound->flags && a->nd == bound->nd &&
+           a->descr == bound->descr && memcmp(a->dimensions, bound->shape, sizeof(Py_ssize_t) * a->nd) == 0;
 }
 
 /* Whether the request's arrays are still those its program was bound to (else Python's start
    refuses the run, naming what changed); a program without roots (a device plan) always asks Python. */
 static int still_bound(Persistent *self) {
     Program *p = (Program *)self->program;
-    return p->nroots >= 2 && look_at_root(p, 0, &self->bound[0], NULL) && look_at_root(p, 1, &self->bound[1], NULL);
+    return p->nroots >= 2 && root_unchanged(p, 0, &self->bound[0]) && root_unchanged(p, 1, &self->bound[1]);
 }
 
 /* The communicator not freed and its ring not broken (Communicator._usable); 0 also if unreadable. */
@@ -1362,7 +1416,7 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
         Program *p = (Program *)program;
         for (int root = 0; root < 2; root++)
             if (p->nroots >= 2)
-                look_at_root(p, root, NULL, &self->bound[root]);
+                keep_root(p, root, &self->bound[root]);
             else
                 self->bound[root].state = BOUND_UNSEEN;
     }
@@ -1390,6 +1444,8 @@ static int persistent_clear(Persistent *self) {
         Py_CLEAR(*held[i]);
     for (int i = 0; i < HANDLERS; i++)
         Py_CLEAR(self->handlers[i]);
+    for (int root = 0; root < 2; root++)
+        Py_CLEAR(self->bound[root].descr);
     return 0;
 }
 
@@ -1460,6 +1516,8 @@ static PyMethodDef module_methods[] = {
                                  "status_size, datatype_size, request_offset, byte_type, any_source): the MPI "
                                  "library's functions, handle sizes and constants"},
     {"supports", supports, METH_VARARGS, "supports(op, dtype): whether WORK_OP with these codes runs here"},
+    {"read_arrays", read_arrays, METH_O, "read_arrays(samples): whether NumPy arrays' fields are where this file "
+                                         "reads them (then they are read directly)"},
     {NULL, NULL, 0, NULL},
 };
 

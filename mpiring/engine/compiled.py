@@ -106,10 +106,22 @@ def _bind() -> bool:
                          address("MPI_Get_count"), address("MPI_Isend"), address("MPI_Irecv"), address("MPI_Iprobe"),
                          MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status), MPI._sizeof(MPI.Datatype),
                          request_offset, MPI._handleof(MPI.BYTE), MPI.ANY_SOURCE)
+            _replay.read_arrays(_array_samples())
             _bound = True
         except (OSError, AttributeError, ValueError, TypeError):  # an MPI this was not made for
             _bound = False
     return _bound
+
+
+def _array_samples() -> tuple:
+    """Arrays of several shapes, strides and flags, with what NumPy says of each: _replay.c reads
+    an array's fields directly only if it finds these there (`read_arrays`)."""
+    base = np.arange(24.0).reshape(4, 6)
+    frozen = np.zeros(3, np.int32)
+    frozen.flags.writeable = False
+    arrays = (base, base[:, ::2], base[1:3], frozen, np.empty((0, 2), np.complex64), np.float32(1) + base[0])
+    return tuple((a, a.__array_interface__["data"][0], a.shape, a.strides, a.flags.c_contiguous, a.flags.writeable)
+                 for a in arrays)
 
 
 # ---- work ----
@@ -204,7 +216,8 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     roots = (0, 0, *(0 if a is None else a.__array_interface__["data"][0] for a in schedule.owned))
     return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, schedule.call.tag,
                            roots, schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
-                           schedule.result_kind, schedule.traffic, schedule, schedule.sequence, schedule.notice)
+                           schedule.result_kind, schedule.traffic, schedule, schedule.sequence, schedule.notice,
+                           schedule.items)
 
 
 def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:

@@ -249,6 +249,9 @@ class Schedule:
         self.out_bytes = 0 if out is None else out.nbytes
         if self.allocate is not None:
             self.out_bytes = roots.arrays[ROOT_OUT].nbytes
+        # elements of each (the C replay's check of an array it reads the fields of)
+        self.items = (0 if x is None else x.size, roots.arrays[ROOT_OUT].size if self.allocate is not None
+                      else 0 if out is None else out.size)
         self.owned = tuple(roots.arrays[2:])
         prologue, exchanges = _fuse(recorder.actions)
         for exchange in exchanges:
