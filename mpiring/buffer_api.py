@@ -252,11 +252,33 @@ def _check_info(collective: str, info: Any) -> None:
 
 
 def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: int) -> Any:
-    """This rank's block of `whole` (n items) when `given` is IN_PLACE, else `given` checked to
-    hold n items of whole's dtype."""
+    """This rank's block of `whole` (n items) when `given` is IN_PLACE or `whole` itself, else
+    `given` checked to hold n items of whole's dtype."""
     if _is_in_place(given):
         return whole[rank * n : (rank + 1) * n]
-    return _matching(call, argument, simple(call, argument, given), n, whole.dtype)
+    items = simple(call, argument, given)
+    if items.size != n and _same_memory(items, whole):
+        return whole[rank * n : (rank + 1) * n]
+    return _matching(call, argument, items, n, whole.dtype)
+
+
+def _own_block_v(call: str, argument: str, given: Any, v: Vector, rank: int) -> Any:
+    """_own_block for a v-variant: block `rank` of v when `given` is IN_PLACE or v's buffer itself."""
+    if _is_in_place(given):
+        return v.block(rank)
+    items = simple(call, argument, given)
+    if items.size != v.counts[rank] and _same_memory(items, v.items):
+        return v.block(rank)
+    return _matching(call, argument, items, v.counts[rank], v.items.dtype)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether two views are the very same memory: the same array passed as both buffers. MPI
+    forbids it; mpiring reads it as in place. Asked only where the sizes do not fit otherwise,
+    so a call with separate buffers never pays for the check."""
+    return (type(a) is type(b) is numpy.ndarray and a.size == b.size and a.dtype == b.dtype
+            and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _matching(collective: str, argument: str, items: Any, expected: int, dtype: Any) -> Any:
@@ -422,15 +444,13 @@ class BufferAPI:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
             return _Prepared("gather", (self._send_only("Gatherv", sendbuf), root), {})
         v = vector("Gatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(root) if _is_in_place(sendbuf) else _matching(
-            "Gatherv", "sendbuf", simple("Gatherv", "sendbuf", sendbuf), v.counts[root], v.items.dtype)
+        x = _own_block_v("Gatherv", "sendbuf", sendbuf, v, root)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("gather", (x, root), {"out": out}, finish)
 
     def _parse_allgatherv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         v = vector("Allgatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(self.rank) if _is_in_place(sendbuf) else _matching(
-            "Allgatherv", "sendbuf", simple("Allgatherv", "sendbuf", sendbuf), v.counts[self.rank], v.items.dtype)
+        x = _own_block_v("Allgatherv", "sendbuf", sendbuf, v, self.rank)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("allgather", (x,), {"out": out, "counts": v.counts}, finish)
 
@@ -457,8 +477,7 @@ class BufferAPI:
                 x = numpy.empty(sum(v.counts), v.items.dtype)
                 before = partial(v.gather_into, x)
                 before()
-            out = v.block(root) if _is_in_place(recvbuf) else _matching(
-                "Scatterv", "recvbuf", simple("Scatterv", "recvbuf", recvbuf), v.counts[root], v.items.dtype)
+            out = _own_block_v("Scatterv", "recvbuf", recvbuf, v, root)
         else:
             out = self._receive_only("Scatterv", recvbuf)
         self.broadcast(counts, root, out=counts)
@@ -470,15 +489,18 @@ class BufferAPI:
     def _parse_reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Prepared:
         p = self.size
         name = op_name("Reduce_scatter_block", op)
-        if _is_in_place(sendbuf):  # the receive buffer holds every block; the result lands in the first
+        in_place = _is_in_place(sendbuf)
+        if not in_place:
+            out = simple("Reduce_scatter_block", "recvbuf", recvbuf)
+            n = out.size
+            x = simple("Reduce_scatter_block", "sendbuf", sendbuf, blocks=p)
+            in_place = x.size != n * p and _same_memory(x, out)
+            if not in_place:
+                x = _matching("Reduce_scatter_block", "sendbuf", x, n * p, out.dtype)
+        if in_place:  # the receive buffer holds every block; the result lands in the first
             x = simple("Reduce_scatter_block", "recvbuf", recvbuf, blocks=p)
             n = x.size // p
             out = x[:n]
-        else:
-            out = simple("Reduce_scatter_block", "recvbuf", recvbuf)
-            n = out.size
-            x = _matching("Reduce_scatter_block", "sendbuf",
-                          simple("Reduce_scatter_block", "sendbuf", sendbuf, blocks=p), n * p, out.dtype)
         return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": [n] * p})
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
@@ -494,6 +516,8 @@ class BufferAPI:
             raise ArgumentError("Reduce_scatter", "recvcounts", "must be given with an in-place send buffer")
         else:
             counts = self.allgather(numpy.array([whole.size], numpy.int64), counts=[1] * p).tolist()
+        if not in_place and whole.size != counts[r] and _same_memory(x, whole):
+            in_place = True
         if in_place:  # the receive buffer holds the whole input; the result lands at its start
             x = _matching("Reduce_scatter", "recvbuf", whole, sum(counts), whole.dtype)
             out = whole[: counts[r]]

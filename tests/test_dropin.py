@@ -203,13 +203,63 @@ def test_alltoall_and_alltoallv(comm, form):
         same("Alltoallv", alltoallv, comm, f"{dtype} in_place {in_place}", form)
 
 
-def test_the_same_buffer_for_send_and_receive_reduces_in_place(comm):
-    """MPI forbids aliased buffers; mpiring takes them as in-place (compared with IN_PLACE)."""
+def _same_array_cases(seed: int, dtype):
+    """(method, make) pairs: make(aliased) gives a call's arguments with the same array as both
+    buffers (aliased) or with MPI.IN_PLACE in its place, on the same fresh data."""
+    root = seed % N
+    counts = [(k + seed) % 3 + 1 for k in range(N)]  # no zero: the receive count differs from the input's
+    displs = [sum(counts[:k]) + k for k in range(N)]  # a gap after each block
+    length = displs[-1] + counts[-1] + 1
+
+    def filled(n):
+        return data(seed, RANK, n, dtype)
+
+    def send(a, aliased):
+        return a if aliased else MPI.IN_PLACE
+
+    return [
+        ("Reduce_scatter", lambda aliased: (lambda a: (send(a, aliased), a, counts, MPI.SUM))(filled(sum(counts)))),
+        ("Reduce_scatter_block", lambda aliased: (lambda a: (send(a, aliased), [a, typed(a)], MPI.SUM))(
+            filled(2 * N))),
+        ("Allgather", lambda aliased: (lambda a: (send(a, aliased), a))(filled(2 * N))),
+        ("Allgatherv", lambda aliased: (lambda a: (send(a, aliased), [a, (counts, displs), typed(a)]))(
+            filled(length))),
+        ("Gather", lambda aliased: (lambda a: (send(a, aliased), a, root) if RANK == root else (
+            a[:2], None, root))(filled(2 * N))),
+        ("Gatherv", lambda aliased: (lambda a: (send(a, aliased), [a, (counts, displs)], root) if RANK == root else (
+            a[: counts[RANK]], None, root))(filled(length))),
+        ("Scatter", lambda aliased: (lambda a: (a, send(a, aliased), root) if RANK == root else (
+            None, a[:3], root))(filled(3 * N))),
+        ("Scatterv", lambda aliased: (lambda a: ([a, (counts, displs)], send(a, aliased), root) if RANK == root else (
+            None, a[: counts[RANK]], root))(filled(length))),
+    ]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_same_array_as_both_buffers_is_in_place(comm, form):
+    """MPI forbids aliased buffers; mpiring takes them as in place: the same array as send and
+    receive buffer gives what MPI.IN_PLACE gives natively (every buffer compared)."""
     x = data(3, RANK, 10, np.int64)
     want = x.copy()
     WORLD.Allreduce(MPI.IN_PLACE, want, MPI.SUM)
     comm.Allreduce(x, x, MPI.SUM)
     assert_same(x, want, "Allreduce(x, x)")
+    for seed, dtype in enumerate((np.int64, np.float32, np.complex128)):
+        for method, make in _same_array_cases(seed, dtype):
+            mine, theirs = make(True), make(False)
+            if form == "blocking":
+                getattr(comm, method)(*mine)
+            elif form == "nonblocking":
+                getattr(comm, "I" + method[0].lower() + method[1:])(*mine).Wait()
+            else:
+                request = getattr(comm, method + "_init")(*mine)
+                request.Start()
+                request.Wait()
+                request.Free()
+            getattr(WORLD, method)(*theirs)
+            distinct = list({id(a): a for a in _arrays(mine)}.values())  # the aliased array once
+            for k, (a, b) in enumerate(zip(distinct, _arrays(theirs), strict=True)):
+                assert_same(a, b, f"{method}({form}) with the same array twice, {dtype}, array {k}")
 
 
 @pytest.mark.parametrize("form", FORMS)
