@@ -49,8 +49,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_pr_buf", "test_cco_pr_vec"]
 SIZES = [1, 2, 3, 4, 5]
 RESULT_MARK = "[mpi4py-suite result]"
-# A collective that waits this long has lost a rank (a refusal on one rank only): fail, don't hang.
-CALL_TIMEOUT = 60.0
+# A collective of these tests that waits this long has lost a rank (one that left a test early):
+# it fails, and the next case starts on fresh communicators.
+CALL_TIMEOUT = 30.0
+# Failed cases after which a world size stops (the rest reported as not run): each can cost a
+# CALL_TIMEOUT, and a broken feature fails hundreds.
+MAX_FAILURES = 10
 GC_EVERY = 500  # cases between garbage collections (see work())
 FAILURES_SHOWN = 10  # tracebacks printed per world size; every failure is counted by its message
 
@@ -143,7 +147,7 @@ def summarize(results: dict[int, dict[str, Any] | None], modules: list[str], sec
         cells = []
         for report in results.values():
             if report is None or module not in report["modules"]:
-                cells.append("did not finish")
+                cells.append("did not finish" if report is None else report.get("stopped", "did not run"))
                 failed += 1
                 continue
             counts = report["modules"][module]
@@ -173,10 +177,21 @@ def summarize(results: dict[int, dict[str, Any] | None], modules: list[str], sec
 class _MPIWithMpiring:
     """mpi4py's MPI module, with COMM_SELF and COMM_WORLD as mpiring communicators over them."""
 
-    def __init__(self, mpi: Any, world: Any, self_comm: Any) -> None:
+    def __init__(self, mpi: Any) -> None:
         self._mpi = mpi
-        self.COMM_WORLD = world
-        self.COMM_SELF = self_comm
+        self.renew()
+
+    def renew(self) -> None:
+        """Fresh communicators (collective). The old ones are dropped, not freed: after a failure
+        some ranks may hold a broken one, and freeing would be a collective call they disagree on."""
+        import mpiring
+
+        self.COMM_WORLD = mpiring.Communicator(self._mpi.COMM_WORLD, timeout=CALL_TIMEOUT)
+        self.COMM_SELF = mpiring.Communicator(self._mpi.COMM_SELF, timeout=CALL_TIMEOUT)
+
+    def free(self) -> None:
+        self.COMM_WORLD.free()
+        self.COMM_SELF.free()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._mpi, name)
@@ -228,15 +243,12 @@ def work(folder: str, modules: list[str]) -> int:
     """Run the modules on this rank; rank 0 prints the counts as one JSON line."""
     from mpi4py import MPI
 
-    import mpiring
 
     native = MPI.COMM_WORLD
     sys.path.insert(0, folder)
     import arrayimpl  # mpi4py's test helpers, from its test folder
 
-    world = mpiring.Communicator(MPI.COMM_WORLD, timeout=CALL_TIMEOUT)
-    own = mpiring.Communicator(MPI.COMM_SELF, timeout=CALL_TIMEOUT)
-    wrapped = _MPIWithMpiring(MPI, world, own)
+    wrapped = _MPIWithMpiring(MPI)
     cases = [(kind, code) for kind in arrayimpl.ArrayBackends for code in kind.TypeMap]
     current: list[Any] = [None]
     looped = [False]
@@ -253,28 +265,35 @@ def work(folder: str, modules: list[str]) -> int:
     # collection in the middle (freeing an earlier case's views) breaks: collect between cases only.
     gc.disable()
     report: dict[str, Any] = {"modules": {}, "reasons": Counter(), "failures": Counter()}
-    shown = ran = 0
+    shown = ran = failed = 0
     for name in modules:
         module = importlib.import_module(name)
         module.MPI = wrapped  # setUp's MPI.COMM_WORLD.Dup() is mpiring's Dup()
         counts = Counter(passed=0, failed=0, skipped=0)
-        for cls in _test_classes(module, MPI):
-            cls.COMM = world if cls.COMM == MPI.COMM_WORLD else own
+        for cls, over_world in _test_classes(module, MPI):
             for method in unittest.TestLoader().getTestCaseNames(cls):
                 looped[0] = False
                 mine = []  # (label, outcome, why) of each case on this rank
                 for index, case in enumerate(cases):
                     if index and not looped[0]:
                         break  # a test without arrayimpl.loop is one case
+                    if failed >= MAX_FAILURES:
+                        break
                     current[0] = case
+                    cls.COMM = wrapped.COMM_WORLD if over_world else wrapped.COMM_SELF
                     outcome = _Outcome()
                     _instance(cls, method).run(outcome)
                     mine.append((f"{name}.{cls.__name__}.{method}" + (
                         f" [{case[0].__name__} {case[1]!r}]" if looped[0] else ""), outcome.outcome, outcome.why))
+                    if native.allreduce(outcome.outcome == "failed", op=MPI.LOR):
+                        # A rank may have left the test early while others waited, or timed out and
+                        # broken its communicator: the next case starts on fresh ones everywhere.
+                        failed += 1
+                        wrapped.renew()
                     ran += 1
                     if ran % GC_EVERY == 0:
                         gc.collect()
-                for label, verdict, why in _agree(native, mine):  # one exchange per test, not per case
+                for label, verdict, why in _agree(native, mine):  # the reasons: one exchange per test
                     counts[verdict] += 1
                     if verdict == "skipped":
                         report["reasons"][why] += 1
@@ -284,8 +303,10 @@ def work(folder: str, modules: list[str]) -> int:
                         shown += 1
                         print(f"FAILED {label} at world size {native.Get_size()}:\n{why}", flush=True)
         report["modules"][name] = dict(counts)
-    world.free()
-    own.free()
+        if failed >= MAX_FAILURES:
+            report["stopped"] = f"stopped in {name} after {failed} failed cases"
+            break
+    wrapped.free()
     if native.Get_rank() == 0:
         print(RESULT_MARK + json.dumps(report), flush=True)
     return 0
@@ -309,14 +330,15 @@ def _instance(test_class: type, method: str) -> unittest.TestCase:
     return test
 
 
-def _test_classes(module: Any, mpi: Any) -> list[type]:
-    """The module's test classes over COMM_SELF or COMM_WORLD (or their Dup()s, made in setUp)."""
+def _test_classes(module: Any, mpi: Any) -> list[tuple[type, bool]]:
+    """The module's test classes over COMM_WORLD (True) or COMM_SELF (False), or their Dup()s
+    made in setUp."""
     found = []
     for value in vars(module).values():
         if isinstance(value, type) and issubclass(value, unittest.TestCase) and value.__module__ == module.__name__:
             comm = getattr(value, "COMM", None)
             if isinstance(comm, mpi.Comm) and (comm == mpi.COMM_WORLD or comm == mpi.COMM_SELF):
-                found.append(value)
+                found.append((value, comm == mpi.COMM_WORLD))
     return found
 
 
