@@ -85,5 +85,7 @@ def test_ranks_agree_on_each_case():
     assert _agree(_Ranks([passed], [failed]), [passed]) == [("t", "failed", "rank 1: boom")]
     verdict = _agree(_Ranks([skipped], [passed]), [skipped])[0]
     assert verdict[1] == "failed" and "skipped on ranks [0] only" in verdict[2]
+    timeout = ("t", "failed", "mpiring.errors.CollectiveTimeout: allreduce timed out")
+    assert _agree(_Ranks([timeout], [failed]), [timeout]) == [("t", "failed", "rank 1: boom")]  # the cause
     # a case one rank did not run fails
     assert _agree(_Ranks([passed, passed], [passed]), [passed, passed])[1][1] == "failed"
