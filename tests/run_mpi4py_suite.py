@@ -49,7 +49,6 @@ import unittest
 from collections import Counter
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_pr_buf", "test_cco_pr_vec"]
 SIZES = [1, 2, 3, 4, 5]
 RESULT_MARK = "[mpi4py-suite result]"
