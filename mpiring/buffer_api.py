@@ -24,7 +24,13 @@ ArgumentError before any message moves.
     Reduce_scatter_block            reduce_scatter with counts=
     Reduce_scatter                  reduce_scatter with counts= (all-gathered when not given)
     Alltoall / Alltoallv            alltoall / alltoallv with recv_counts= (each rank knows its own)
+    Alltoallw                       alltoallv of the buffers' bytes (per-block datatypes, byte displacements)
     Scan / Exscan                   scan / exscan
+
+Datatypes: the predefined ones; long double (MPI.LONG_DOUBLE, MPI.C_LONG_DOUBLE_COMPLEX) as its
+bytes, wherever nothing is reduced; derived datatypes whose elements are of one dtype at one
+stride (contiguous, vector, hvector, indexed, struct), as strided views of the caller's memory.
+docs/dropin.md lists what is refused, and why.
 """
 
 from __future__ import annotations
@@ -73,8 +79,30 @@ def _is_in_place(spec: Any) -> bool:
     return spec is None or spec is MPI.IN_PLACE
 
 
-def _datatype_dtype(collective: str, argument: str, datatype: Any) -> numpy.dtype:
-    """The NumPy dtype of a predefined MPI datatype (or mpi4py typecode string)."""
+# Element types mpiring moves but does not reduce (its reductions have no long double): their
+# bytes travel, so MPI.LONG_DOUBLE and MPI.C_LONG_DOUBLE_COMPLEX work in every call that does not reduce.
+_MOVED_AS_BYTES = frozenset(numpy.dtype(t) for t in (numpy.longdouble, numpy.clongdouble)) - SUPPORTED_DTYPES
+_REDUCING = frozenset(("Reduce", "Allreduce", "Reduce_scatter_block", "Reduce_scatter", "Scan", "Exscan"))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the elements of a datatype that is not one element of a supported dtype lie, in
+    elements of `base` from the buffer's start: instance i holds `per` elements, element k at
+    first + i * extent + k * step."""
+
+    name: str
+    base: numpy.dtype
+    first: int
+    step: int
+    per: int
+    extent: int
+    moved_as_bytes: bool = False  # long double: its bytes travel, and reductions are refused
+
+
+def _datatype_dtype(collective: str, argument: str, datatype: Any) -> numpy.dtype | _Layout:
+    """The NumPy dtype of a predefined MPI datatype (or mpi4py typecode string); a _Layout for
+    long double and for a derived datatype whose elements are of one dtype at one stride."""
     if isinstance(datatype, str):
         try:
             datatype = dtlib.from_numpy_dtype(datatype)
@@ -82,41 +110,193 @@ def _datatype_dtype(collective: str, argument: str, datatype: Any) -> numpy.dtyp
             raise ArgumentTypeError(collective, argument, f"unknown typecode {datatype!r} ({error})") from None
     if not isinstance(datatype, MPI.Datatype):
         raise ArgumentTypeError(collective, argument, f"expected an MPI.Datatype, got {datatype!r}")
-    # A derived datatype is accepted only where it is one predefined element (a Dup of one, as
-    # mpi4py.util.dtlib makes): anything else maps to a structured or subarray dtype, refused below.
-    name = datatype.Get_name() or ("a derived datatype" if datatype.combiner != MPI.COMBINER_NAMED else "")
+    named = datatype.combiner == MPI.COMBINER_NAMED
+    name = datatype.Get_name() or ("a derived datatype" if not named else repr(datatype))
     try:
         dtype = dtlib.to_numpy_dtype(datatype)
     except (TypeError, ValueError, KeyError) as error:
-        raise ArgumentTypeError(collective, argument, f"{name or datatype!r} is not supported (it has no "
-                                f"NumPy dtype: {error})") from None
-    if dtype not in SUPPORTED_DTYPES:
-        kind = "derived datatypes are not" if datatype.combiner != MPI.COMBINER_NAMED else f"its dtype {dtype} is not"
-        raise ArgumentTypeError(collective, argument, f"{name} is not supported ({kind}; mpiring takes one "
-                                "predefined element type: bool, (unsigned) integers, float16/32/64, complex64/128)")
-    return dtype
+        what = "a derived datatype that mpi4py.util.dtlib cannot map" if not named else "it has no NumPy dtype"
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported ({what}: {error})") from None
+    if dtype in SUPPORTED_DTYPES:
+        return dtype
+    if dtype in _MOVED_AS_BYTES:
+        return _Layout(name, numpy.dtype(numpy.uint8), 0, 1, dtype.itemsize, dtype.itemsize, moved_as_bytes=True)
+    if dtype.fields is None and dtype.subdtype is None:
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported (its dtype {dtype} is not; mpiring "
+                                "takes bool, (unsigned) integers, float16/32/64, complex64/128 and long double)")
+    if named:
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported (pair types are for MAXLOC and "
+                                "MINLOC, which mpiring does not have)")
+    return _derived_layout(collective, argument, datatype, dtype, name)
+
+
+def _derived_layout(collective: str, argument: str, datatype: Any, dtype: numpy.dtype, name: str) -> _Layout:
+    """A derived datatype as evenly spaced elements of one supported dtype (contiguous, vector,
+    hvector, indexed and struct types whose elements lie at one stride), else refused by name."""
+    run = _run_of(dtype, 0)
+    if run is None:
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported (a derived datatype whose elements "
+                                "are not of one dtype at one stride, in order)")
+    first, step, per, base = run
+    size = base.itemsize
+    if (base not in SUPPORTED_DTYPES or per == 0 or datatype.extent <= 0
+            or any(value % size for value in (first, step, datatype.extent))):
+        raise ArgumentTypeError(collective, argument, f"{name} is not supported (a derived datatype of {per} {base} "
+                                f"elements, extent {datatype.extent} bytes)")
+    return _Layout(name, base, first // size, step // size, per, datatype.extent // size)
+
+
+def _run_of(dtype: numpy.dtype, offset: int) -> tuple[int, int, int, numpy.dtype] | None:
+    """A NumPy dtype (as mpi4py.util.dtlib maps a datatype) as one run of elements in typemap
+    order: (byte offset of the first, byte step, count, element dtype), or None if its elements
+    are not of one dtype at one positive step."""
+    if dtype.names is not None:
+        runs = [_run_of(dtype.fields[name][0], offset + dtype.fields[name][1]) for name in dtype.names]
+        return _joined(runs)
+    if dtype.subdtype is not None:
+        inner, shape = dtype.subdtype
+        copies = math.prod(shape)
+        run = _run_of(inner, offset)
+        if run is None or copies == 1:
+            return run
+        first, step, count, base = run
+        if count == 1:  # one element per copy: the copies are the run
+            return first, inner.itemsize, copies, base
+        return (first, step, count * copies, base) if step * count == inner.itemsize else None
+    return offset, dtype.itemsize, 1, dtype
+
+
+def _joined(runs: list[tuple[int, int, int, numpy.dtype] | None]) -> tuple[int, int, int, numpy.dtype] | None:
+    """Runs one after another as one run, or None where they do not continue each other."""
+    joined = None
+    for run in runs:
+        if run is None:
+            return None
+        if run[2] == 0:
+            continue
+        if joined is None:
+            joined = run
+            continue
+        first, step, count, base = joined
+        first2, step2, count2, base2 = run
+        stride = step if count > 1 else (step2 if count2 > 1 else first2 - first)
+        if base2 != base or stride <= 0 or first2 != first + count * stride or (count2 > 1 and step2 != stride):
+            return None
+        joined = first, stride, count + count2, base
+    return joined
+
+
+class _Instances:
+    """A buffer seen as instances of a _Layout. Slicing instances gives a view of their elements
+    (strided where they have gaps), which simple() and vector() use as they use a flat array:
+    `size` counts instances, the views elements (`unit` per instance)."""
+
+    def __init__(self, collective: str, argument: str, base: numpy.ndarray, layout: _Layout) -> None:
+        self._collective, self._argument = collective, argument
+        self._base = base  # the buffer as a flat array of layout.base
+        self.layout = layout
+        self.dtype = layout.base
+        self.unit = layout.per
+        last = layout.first + (layout.per - 1) * layout.step  # instance 0's last element
+        self.size = 0 if last >= base.size else (base.size - 1 - last) // layout.extent + 1
+
+    def __getitem__(self, where: slice) -> numpy.ndarray:
+        start, stop, _ = where.indices(self.size)
+        count = max(stop - start, 0)
+        layout = self.layout
+        spaced = layout.per == 1 or layout.extent == layout.per * layout.step
+        if count > 1 and not spaced:
+            raise ArgumentTypeError(self._collective, self._argument, f"{layout.name} is not supported here (a "
+                                    f"derived datatype whose {count} instances are not evenly spaced elements: "
+                                    "mpiring takes a derived datatype as one strided view)")
+        n = count * layout.per
+        step = layout.step if layout.per > 1 else layout.extent
+        begin = layout.first + start * layout.extent
+        view = self._base[begin : begin + (n - 1) * step + 1 : step] if n else self._base[begin:begin]
+        if view.size != n:
+            raise ArgumentError(self._collective, self._argument, f"{count} instances of {layout.name} run past "
+                                "the buffer")
+        return view
+
+
+def _instances(collective: str, argument: str, flat: numpy.ndarray, layout: _Layout) -> _Instances:
+    if layout.moved_as_bytes and collective in _REDUCING:
+        raise ArgumentTypeError(collective, argument, f"reductions of {layout.name} are not supported (mpiring's "
+                                "reductions have no long double; it moves long double data in every other call)")
+    if flat.dtype != layout.base:
+        if flat.nbytes % layout.base.itemsize:
+            raise ArgumentError(collective, argument, f"the buffer's {flat.nbytes} bytes are not a whole number "
+                                f"of {layout.base} elements")
+        flat = flat.view(numpy.uint8).view(layout.base)
+    return _Instances(collective, argument, flat, layout)
+
+
+_DLPACK_CPU = 1  # DLPack's kDLCPU device type
+
+
+def _host_array(collective: str, argument: str, buf: Any, datatype: Any) -> numpy.ndarray:
+    """A buffer object's memory as a NumPy array (a DLPack object's as bytes, which the spec's
+    datatype then reads); what is not host memory refused by name."""
+    try:
+        return numpy.asarray(memoryview(buf))
+    except TypeError:
+        pass
+    kind = type(buf).__name__
+    if buf is MPI.BOTTOM:
+        raise ArgumentError(collective, argument, "MPI.BOTTOM is not supported (absolute addresses: mpiring "
+                            "moves the elements of one buffer)")
+    if hasattr(buf, "__cuda_array_interface__"):
+        raise ArgumentTypeError(collective, argument, f"{kind} is a device buffer (__cuda_array_interface__): "
+                                "device buffers are not supported by the uppercase API; pass CuPy arrays to the "
+                                "lowercase collectives")
+    if hasattr(buf, "__dlpack__"):
+        try:
+            device = buf.__dlpack_device__()[0]
+        except Exception as error:
+            raise ArgumentTypeError(collective, argument, f"{kind}: __dlpack_device__ failed ({error})") from None
+        if device != _DLPACK_CPU:
+            raise ArgumentTypeError(collective, argument, f"{kind} is on DLPack device type {int(device)}: device "
+                                    "buffers are not supported by the uppercase API; pass CuPy arrays to the "
+                                    "lowercase collectives")
+        if datatype is None:
+            raise ArgumentTypeError(collective, argument, f"{kind} offers its memory through DLPack, whose element "
+                                    "type the uppercase API does not read: DLPack buffers without a datatype are not "
+                                    "supported; name one ([buf, MPI.DOUBLE]) or pass a NumPy array")
+        try:  # mpi4py's own DLPack import: the memory as writable bytes, kept alive by the array
+            return numpy.asarray(MPI.buffer(buf))
+        except Exception as error:
+            raise ArgumentTypeError(collective, argument, f"{kind}: its DLPack export failed "
+                                    f"({type(error).__name__}: {error})") from error
+    raise ArgumentTypeError(collective, argument, f"{kind} is not a buffer (expected an array, a buffer object or a "
+                            "list [buffer, ...])")
 
 
 def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
-    """The buffer's memory as a flat array of the datatype's elements (a view, never a copy)."""
+    """The buffer's memory as a flat array of the datatype's elements (a view, never a copy), or
+    as _Instances of a datatype of several elements (derived) or of long double."""
     if isinstance(buf, (MPI.Datatype, list, tuple)):
         raise ArgumentTypeError(collective, argument, f"expected a buffer first in the spec, got {type(buf).__name__}")
     if backend_for(buf) is not NUMPY:
         raise ArgumentTypeError(collective, argument, "device arrays are not supported by the uppercase API: "
                                 "use the lowercase collectives (comm.allreduce(x, out=y), ...)")
     if not isinstance(buf, numpy.ndarray):
-        try:
-            buf = numpy.asarray(memoryview(buf))
-        except TypeError:
-            raise ArgumentTypeError(collective, argument, f"{type(buf).__name__} is not a buffer "
-                                    "(expected an array, a buffer object or a list [buffer, ...])") from None
+        buf = _host_array(collective, argument, buf, datatype)
     if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
         raise ArgumentError(collective, argument, "the buffer is not contiguous (MPI reads and writes it as one "
                             "block of memory): pass a contiguous array")
     flat = buf.reshape(-1, order="A")  # memory order: a view for C- and Fortran-contiguous arrays
-    dtype = flat.dtype if datatype is None else _datatype_dtype(collective, argument, datatype)
-    if datatype is None and dtype not in SUPPORTED_DTYPES:
-        raise ArgumentTypeError(collective, argument, f"buffers of dtype {dtype} are not supported")
+    if datatype is None:
+        if flat.dtype not in SUPPORTED_DTYPES:
+            if flat.dtype not in _MOVED_AS_BYTES:
+                raise ArgumentTypeError(collective, argument, f"buffers of dtype {flat.dtype} are not supported")
+            size = flat.dtype.itemsize
+            return _instances(collective, argument, flat, _Layout(f"long double ({flat.dtype})",
+                                                                  numpy.dtype(numpy.uint8), 0, 1, size, size,
+                                                                  moved_as_bytes=True))
+        return flat
+    dtype = _datatype_dtype(collective, argument, datatype)
+    if isinstance(dtype, _Layout):
+        return _instances(collective, argument, flat, dtype)
     if flat.dtype != dtype:  # the memory seen as the datatype's elements, as MPI sees it
         if flat.nbytes % dtype.itemsize:
             raise ArgumentError(collective, argument, f"the buffer's {flat.nbytes} bytes are not a whole number "
@@ -184,22 +364,28 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
 
 @dataclass
 class Vector:
-    """A v-variant's buffer: block k is items[displs[k] : displs[k] + counts[k]]."""
+    """A v-variant's buffer: block k is items[displs[k] : displs[k] + spans[k]], counts[k]
+    elements (spans and displacements count the datatype's instances, counts its elements: the
+    same numbers unless items are _Instances of several elements each)."""
 
     items: Any
     counts: list[int]
     displs: list[int]
+    spans: list[int]
 
     @property
     def packed(self) -> Any:
         """The view holding every block in rank order without gaps, or None when they are not."""
         start = self.displs[0] if self.displs else 0
-        if all(d == start + s for d, s in zip(self.displs, _starts(self.counts), strict=True)):
-            return self.items[start : start + sum(self.counts)]
+        if all(d == start + s for d, s in zip(self.displs, _starts(self.spans), strict=True)):
+            try:
+                return self.items[start : start + sum(self.spans)]
+            except ArgumentError:  # instances that make no one strided view: the blocks are copied
+                return None
         return None
 
     def block(self, k: int) -> Any:
-        return self.items[self.displs[k] : self.displs[k] + self.counts[k]]
+        return self.items[self.displs[k] : self.displs[k] + self.spans[k]]
 
     def scatter_from(self, whole: Any) -> None:
         """Copy a packed array of every block into place (blocks may be in any order)."""
@@ -239,7 +425,47 @@ def vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
         if displs[k] + counts[k] > items.size:
             raise ArgumentError(collective, argument, f"block {k} (count {counts[k]} at displacement {displs[k]}) "
                                 f"runs past the buffer's {items.size} elements")
-    return Vector(items, counts, displs)
+    if type(items) is _Instances:  # counts in elements, the spans in instances
+        return Vector(items, [c * items.unit for c in counts], displs, counts)
+    return Vector(items, counts, displs, counts)
+
+
+def bytes_vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
+    """An Alltoallw spec as a Vector of the buffer's bytes: [buf, (counts, displs), datatypes],
+    [buf, counts, displs, datatypes] or [buf, datatypes] (one element at byte 0 for every rank);
+    block k is counts[k] elements of datatypes[k] (predefined) from byte displs[k]."""
+    if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
+        raise ArgumentError(collective, argument, "expected [buffer, (counts, displacements), datatypes] or "
+                            "[buffer, counts, displacements, datatypes]")
+    if len(spec) == 2:
+        buf, datatypes = spec
+        counts, displs = [1] * size, [0] * size
+    elif len(spec) == 3:
+        buf, pair, datatypes = spec
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ArgumentError(collective, argument, f"expected a pair (counts, displacements), got {pair!r}")
+        counts, displs = pair
+    else:
+        buf, counts, displs, datatypes = spec
+    if buf is MPI.BOTTOM:
+        raise ArgumentError(collective, argument, "MPI.BOTTOM is not supported (absolute addresses: mpiring "
+                            "moves the elements of one buffer)")
+    items = _items(collective, argument, buf, MPI.BYTE)
+    counts = _sequence(collective, argument, counts, size)
+    displs = _sequence(collective, argument, displs, size)
+    if not isinstance(datatypes, (list, tuple)) or len(datatypes) != size:
+        raise ArgumentError(collective, argument, f"needs {size} datatypes (one per rank), got {datatypes!r}")
+    sizes = []
+    for k in range(size):
+        dtype = _datatype_dtype(collective, argument, datatypes[k])
+        if isinstance(dtype, _Layout) and not dtype.moved_as_bytes:
+            raise ArgumentTypeError(collective, argument, f"{dtype.name} is not supported (a derived datatype in "
+                                    f"{collective}, which takes predefined datatypes)")
+        sizes.append(counts[k] * (dtype.per if isinstance(dtype, _Layout) else dtype.itemsize))
+        if displs[k] + sizes[k] > items.size:
+            raise ArgumentError(collective, argument, f"block {k} ({sizes[k]} bytes at byte {displs[k]}) runs past "
+                                f"the buffer's {items.size} bytes")
+    return Vector(items, sizes, displs, sizes)
 
 
 def _sequence(collective: str, argument: str, values: Any, size: int) -> list[int]:
@@ -260,11 +486,40 @@ def _check_info(collective: str, info: Any) -> None:
 
 
 def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: int) -> Any:
-    """This rank's block of `whole` (n items) when `given` is IN_PLACE, else `given` checked to
-    hold n items of whole's dtype."""
+    """This rank's block of `whole` (n items) when `given` is IN_PLACE or `whole` itself, else
+    `given` checked to hold n items of whole's dtype."""
     if _is_in_place(given):
         return whole[rank * n : (rank + 1) * n]
-    return _matching(call, argument, simple(call, argument, given), n, whole.dtype)
+    items = simple(call, argument, given)
+    if items.size != n and _same_memory(items, whole):
+        return whole[rank * n : (rank + 1) * n]
+    return _matching(call, argument, items, n, whole.dtype)
+
+
+def _unit(collective: str, argument: str, spec: Any) -> int:
+    """Elements per instance of a spec's datatype (1 but for derived datatypes and long double)."""
+    buf, _, _, datatype = _unpack(collective, argument, spec, vector=False)
+    items = _items(collective, argument, buf, datatype)
+    return items.unit if type(items) is _Instances else 1
+
+
+def _own_block_v(call: str, argument: str, given: Any, v: Vector, rank: int) -> Any:
+    """_own_block for a v-variant: block `rank` of v when `given` is IN_PLACE or v's buffer itself."""
+    if _is_in_place(given):
+        return v.block(rank)
+    items = simple(call, argument, given)
+    if items.size != v.counts[rank] and _same_memory(items, v.items):
+        return v.block(rank)
+    return _matching(call, argument, items, v.counts[rank], v.items.dtype)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    """Whether two views are the very same memory: the same array passed as both buffers. MPI
+    forbids it; mpiring reads it as in place. Asked only where the sizes do not fit otherwise,
+    so a call with separate buffers never pays for the check."""
+    return (type(a) is type(b) is numpy.ndarray and a.size == b.size and a.dtype == b.dtype
+            and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _matching(collective: str, argument: str, items: Any, expected: int, dtype: Any) -> Any:
@@ -430,15 +685,13 @@ class BufferAPI:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
             return _Prepared("gather", (self._send_only("Gatherv", sendbuf), root), {})
         v = vector("Gatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(root) if _is_in_place(sendbuf) else _matching(
-            "Gatherv", "sendbuf", simple("Gatherv", "sendbuf", sendbuf), v.counts[root], v.items.dtype)
+        x = _own_block_v("Gatherv", "sendbuf", sendbuf, v, root)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("gather", (x, root), {"out": out}, finish)
 
     def _parse_allgatherv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         v = vector("Allgatherv", "recvbuf", recvbuf, self.size)
-        x = v.block(self.rank) if _is_in_place(sendbuf) else _matching(
-            "Allgatherv", "sendbuf", simple("Allgatherv", "sendbuf", sendbuf), v.counts[self.rank], v.items.dtype)
+        x = _own_block_v("Allgatherv", "sendbuf", sendbuf, v, self.rank)
         out, finish = self._packed_target(v, x.dtype)
         return _Prepared("allgather", (x,), {"out": out, "counts": v.counts}, finish)
 
@@ -465,8 +718,7 @@ class BufferAPI:
                 x = numpy.empty(sum(v.counts), v.items.dtype)
                 before = partial(v.gather_into, x)
                 before()
-            out = v.block(root) if _is_in_place(recvbuf) else _matching(
-                "Scatterv", "recvbuf", simple("Scatterv", "recvbuf", recvbuf), v.counts[root], v.items.dtype)
+            out = _own_block_v("Scatterv", "recvbuf", recvbuf, v, root)
         else:
             out = self._receive_only("Scatterv", recvbuf)
         self.broadcast(counts, root, out=counts)
@@ -478,15 +730,18 @@ class BufferAPI:
     def _parse_reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Prepared:
         p = self.size
         name = op_name("Reduce_scatter_block", op)
-        if _is_in_place(sendbuf):  # the receive buffer holds every block; the result lands in the first
+        in_place = _is_in_place(sendbuf)
+        if not in_place:
+            out = simple("Reduce_scatter_block", "recvbuf", recvbuf)
+            n = out.size
+            x = simple("Reduce_scatter_block", "sendbuf", sendbuf, blocks=p)
+            in_place = x.size != n * p and _same_memory(x, out)
+            if not in_place:
+                x = _matching("Reduce_scatter_block", "sendbuf", x, n * p, out.dtype)
+        if in_place:  # the receive buffer holds every block; the result lands in the first
             x = simple("Reduce_scatter_block", "recvbuf", recvbuf, blocks=p)
             n = x.size // p
             out = x[:n]
-        else:
-            out = simple("Reduce_scatter_block", "recvbuf", recvbuf)
-            n = out.size
-            x = _matching("Reduce_scatter_block", "sendbuf",
-                          simple("Reduce_scatter_block", "sendbuf", sendbuf, blocks=p), n * p, out.dtype)
         return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": [n] * p})
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
@@ -498,10 +753,15 @@ class BufferAPI:
         x = None if in_place else simple("Reduce_scatter", "sendbuf", sendbuf)
         if recvcounts is not None:
             counts = _sequence("Reduce_scatter", "recvcounts", recvcounts, p)
+            if whole.size != (sum(counts) if in_place else counts[r]):  # maybe several elements per instance
+                unit = _unit("Reduce_scatter", "recvbuf", recvbuf)
+                counts = [c * unit for c in counts] if unit != 1 else counts
         elif in_place:
             raise ArgumentError("Reduce_scatter", "recvcounts", "must be given with an in-place send buffer")
         else:
             counts = self.allgather(numpy.array([whole.size], numpy.int64), counts=[1] * p).tolist()
+        if not in_place and whole.size != counts[r] and _same_memory(x, whole):
+            in_place = True
         if in_place:  # the receive buffer holds the whole input; the result lands at its start
             x = _matching("Reduce_scatter", "recvbuf", whole, sum(counts), whole.dtype)
             out = whole[: counts[r]]
@@ -521,8 +781,18 @@ class BufferAPI:
         p = self.size
         receive = vector("Alltoallv", "recvbuf", recvbuf, p)
         send = receive if _is_in_place(sendbuf) else vector("Alltoallv", "sendbuf", sendbuf, p)
+        return self._alltoallv_of("Alltoallv", send, receive)
+
+    def _parse_alltoallw(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
+        """Alltoallv over bytes: each block's count times its datatype's size, at its byte displacement."""
+        p = self.size
+        receive = bytes_vector("Alltoallw", "recvbuf", recvbuf, p)
+        send = receive if _is_in_place(sendbuf) else bytes_vector("Alltoallw", "sendbuf", sendbuf, p)
+        return self._alltoallv_of("Alltoallw", send, receive)
+
+    def _alltoallv_of(self, collective: str, send: Vector, receive: Vector) -> _Prepared:
         if send.items.dtype != receive.items.dtype:
-            raise ArgumentTypeError("Alltoallv", "sendbuf", f"has datatype {send.items.dtype} but the receive "
+            raise ArgumentTypeError(collective, "sendbuf", f"has datatype {send.items.dtype} but the receive "
                                     f"buffer {receive.items.dtype} (MPI needs them to match)")
         x, before = send.packed, None
         if x is None or send is receive:  # in place, the input is copied out before the result lands
@@ -617,6 +887,10 @@ class BufferAPI:
         """Alltoall with counts and displacements on both sides."""
         self._run(self._parse_alltoallv(sendbuf, recvbuf))
 
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Alltoallv with a datatype per block and displacements in bytes (predefined datatypes)."""
+        self._run(self._parse_alltoallw(sendbuf, recvbuf))
+
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         """Rank r's `recvbuf` gets the reduction of ranks 0..r's `sendbuf`."""
         self._run(self._parse_scan(sendbuf, recvbuf, op, "scan"))
@@ -671,6 +945,9 @@ class BufferAPI:
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
         return self._irun(self._parse_alltoallv(sendbuf, recvbuf))
 
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:
+        return self._irun(self._parse_alltoallw(sendbuf, recvbuf))
+
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
         return self._irun(self._parse_scan(sendbuf, recvbuf, op, "scan"))
 
@@ -723,6 +1000,9 @@ class BufferAPI:
 
     def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
         return self._init(self._parse_alltoallv(sendbuf, recvbuf), info)
+
+    def Alltoallw_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        return self._init(self._parse_alltoallw(sendbuf, recvbuf), info)
 
     def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
         return self._init(self._parse_scan(sendbuf, recvbuf, op, "scan"), info)

@@ -4,6 +4,7 @@
     python tests/run_world_sizes.py                  # sizes 1 2 3 4 8 (and 5 for tests/test_dropin.py)
     python tests/run_world_sizes.py --slurm          # also the real-Slurm tests (apt-installs Slurm, as root)
     python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
+    python tests/run_world_sizes.py --mpi4py-suite   # mpi4py's own collective tests on the drop-in, sizes 1-5
 
 No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py, and
 tests/mpi_pytest.py for any other pytest exit, under `python -m mpi4py`), pytest-timeout's
@@ -87,15 +88,27 @@ def run(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, s
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES)
+    parser.add_argument("--sizes", type=int, nargs="+", help=f"world sizes (default: {DEFAULT_SIZES}; with "
+                        f"--mpi4py-suite, its own)")
     parser.add_argument("--test-timeout", type=int, default=300, help="seconds for one test (thread method)")
     parser.add_argument("--run-timeout", type=int, default=1500, help="seconds for one world size")
     parser.add_argument("--no-serial", action="store_true", help="skip the serial (non-MPI) tests")
     parser.add_argument("--slurm", action="store_true",
                         help="also start a real Slurm cluster here (installs Slurm and munge with apt-get "
                              "when missing: needs root)")
+    parser.add_argument("--mpi4py-suite", action="store_true",
+                        help="instead of this suite, run mpi4py's own collective test modules on mpiring's drop-in "
+                             "(tests/run_mpi4py_suite.py: fetches mpi4py's source distribution once)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
+    if args.mpi4py_suite:
+        if args.pytest_args or args.slurm:
+            parser.error("--mpi4py-suite takes no pytest arguments and no --slurm")
+        from run_mpi4py_suite import main as mpi4py_suite
+
+        return mpi4py_suite([*(["--sizes", *map(str, args.sizes)] if args.sizes else []),
+                             "--run-timeout", str(args.run_timeout)])
+    args.sizes = args.sizes or DEFAULT_SIZES
 
     env = mpi_environment()
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")

@@ -203,13 +203,63 @@ def test_alltoall_and_alltoallv(comm, form):
         same("Alltoallv", alltoallv, comm, f"{dtype} in_place {in_place}", form)
 
 
-def test_the_same_buffer_for_send_and_receive_reduces_in_place(comm):
-    """MPI forbids aliased buffers; mpiring takes them as in-place (compared with IN_PLACE)."""
+def _same_array_cases(seed: int, dtype):
+    """(method, make) pairs: make(aliased) gives a call's arguments with the same array as both
+    buffers (aliased) or with MPI.IN_PLACE in its place, on the same fresh data."""
+    root = seed % N
+    counts = [(k + seed) % 3 + 1 for k in range(N)]  # no zero: the receive count differs from the input's
+    displs = [sum(counts[:k]) + k for k in range(N)]  # a gap after each block
+    length = displs[-1] + counts[-1] + 1
+
+    def filled(n):
+        return data(seed, RANK, n, dtype)
+
+    def send(a, aliased):
+        return a if aliased else MPI.IN_PLACE
+
+    return [
+        ("Reduce_scatter", lambda aliased: (lambda a: (send(a, aliased), a, counts, MPI.SUM))(filled(sum(counts)))),
+        ("Reduce_scatter_block", lambda aliased: (lambda a: (send(a, aliased), [a, typed(a)], MPI.SUM))(
+            filled(2 * N))),
+        ("Allgather", lambda aliased: (lambda a: (send(a, aliased), a))(filled(2 * N))),
+        ("Allgatherv", lambda aliased: (lambda a: (send(a, aliased), [a, (counts, displs), typed(a)]))(
+            filled(length))),
+        ("Gather", lambda aliased: (lambda a: (send(a, aliased), a, root) if RANK == root else (
+            a[:2], None, root))(filled(2 * N))),
+        ("Gatherv", lambda aliased: (lambda a: (send(a, aliased), [a, (counts, displs)], root) if RANK == root else (
+            a[: counts[RANK]], None, root))(filled(length))),
+        ("Scatter", lambda aliased: (lambda a: (a, send(a, aliased), root) if RANK == root else (
+            None, a[:3], root))(filled(3 * N))),
+        ("Scatterv", lambda aliased: (lambda a: ([a, (counts, displs)], send(a, aliased), root) if RANK == root else (
+            None, a[: counts[RANK]], root))(filled(length))),
+    ]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_same_array_as_both_buffers_is_in_place(comm, form):
+    """MPI forbids aliased buffers; mpiring takes them as in place: the same array as send and
+    receive buffer gives what MPI.IN_PLACE gives natively (every buffer compared)."""
     x = data(3, RANK, 10, np.int64)
     want = x.copy()
     WORLD.Allreduce(MPI.IN_PLACE, want, MPI.SUM)
     comm.Allreduce(x, x, MPI.SUM)
     assert_same(x, want, "Allreduce(x, x)")
+    for seed, dtype in enumerate((np.int64, np.float32, np.complex128)):
+        for method, make in _same_array_cases(seed, dtype):
+            mine, theirs = make(True), make(False)
+            if form == "blocking":
+                getattr(comm, method)(*mine)
+            elif form == "nonblocking":
+                getattr(comm, "I" + method[0].lower() + method[1:])(*mine).Wait()
+            else:
+                request = getattr(comm, method + "_init")(*mine)
+                request.Start()
+                request.Wait()
+                request.Free()
+            getattr(WORLD, method)(*theirs)
+            distinct = list({id(a): a for a in _arrays(mine)}.values())  # the aliased array once
+            for k, (a, b) in enumerate(zip(distinct, _arrays(theirs), strict=True)):
+                assert_same(a, b, f"{method}({form}) with the same array twice, {dtype}, array {k}")
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -409,6 +459,233 @@ def test_many_requests_in_flight(comm):
     assert_same(gathered, want, "Iallgather")
 
 
+# Alltoallw: the datatype of the block from rank i to rank j (symmetric, so both ends agree),
+# long double and MPI.BYTE among them
+W_TYPES = [MPI.INT, MPI.DOUBLE, MPI.SHORT, MPI.LONG_DOUBLE, MPI.C_DOUBLE_COMPLEX, MPI.BYTE]
+
+
+def _raw_bytes(seed: int, n: int) -> np.ndarray:
+    """Arbitrary bytes: every byte a block moves, padding included, is compared."""
+    return np.random.default_rng([seed, RANK, 7]).integers(0, 256, n).astype(np.uint8)
+
+
+def _byte_layout(counts: list[int], types: list, gap: int, reverse: bool) -> tuple[list[int], int]:
+    """Byte displacements of blocks `gap` bytes apart (unaligned), in rank order or reversed."""
+    displs, at = [0] * N, gap
+    for j in reversed(range(N)) if reverse else range(N):
+        displs[j] = at
+        at += counts[j] * types[j].Get_size() + gap
+    return displs, at
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_alltoallw(comm, form):
+    """Per-peer counts, datatypes and byte displacements (gaps, reverse order, unaligned), the
+    pair and the four-item spec, the two-item one, and in place; against mpi4py's
+    Alltoallw on the same bytes."""
+    for seed in range(4):
+        in_place = seed == 3
+
+        def args(seed=seed, in_place=in_place):
+            def count(i, j):  # elements from rank i to rank j
+                return (i + j + seed) % 3 if in_place else (i + 2 * j + seed) % 3
+
+            def kind(i, j):
+                return W_TYPES[(i + j + seed) % len(W_TYPES)]
+
+            receive_counts, receive_types = [count(j, RANK) for j in range(N)], [kind(j, RANK) for j in range(N)]
+            receive_displs, receive_length = _byte_layout(receive_counts, receive_types, 1, reverse=True)
+            received = _raw_bytes(seed + 100, receive_length + 2)
+            receive = [received, (receive_counts, receive_displs), receive_types]
+            if in_place:
+                return (MPI.IN_PLACE, receive)
+            send_counts, send_types = [count(RANK, j) for j in range(N)], [kind(RANK, j) for j in range(N)]
+            send_displs, send_length = _byte_layout(send_counts, send_types, 3, reverse=False)
+            sent = _raw_bytes(seed, send_length)
+            send = [sent, send_counts, send_displs, send_types] if seed % 2 else [sent, (send_counts, send_displs),
+                                                                                   send_types]
+            return (send, receive)
+
+        same("Alltoallw", args, comm, f"seed {seed} in_place {in_place}", form)
+
+    def one_type(form=form):  # [buf, datatypes]: one element from byte 0 to every rank
+        x = data(5, RANK, 1, np.int32)
+        return ([x, [MPI.INT] * N], [np.zeros(N + 1, np.int32), ([1] * N, [4 * j for j in range(N)]), [MPI.INT] * N])
+
+    same("Alltoallw", one_type, comm, "one element from byte 0", form)
+
+
+LONG_DOUBLES = [(np.longdouble, MPI.LONG_DOUBLE), (np.clongdouble, MPI.C_LONG_DOUBLE_COMPLEX)]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_long_double_moves(comm, form):
+    """MPI.LONG_DOUBLE and MPI.C_LONG_DOUBLE_COMPLEX (and bare long double arrays) in the
+    collectives that do not reduce, against mpi4py's native calls."""
+    for seed, (dtype, datatype) in enumerate(LONG_DOUBLES):
+        root = seed % N
+
+        def bcast(dtype=dtype, datatype=datatype, root=root, seed=seed):
+            a = data(seed, RANK, 5, dtype) if RANK == root else np.zeros(5, dtype)
+            return ([a, (3, 1), datatype], root)
+
+        def allgather(dtype=dtype, datatype=datatype, seed=seed):
+            return (data(seed, RANK, 2, dtype), [np.zeros(2 * N, dtype), datatype])
+
+        def gatherv(dtype=dtype, datatype=datatype, seed=seed, root=root):
+            counts, displs, length = _layout(seed + 1)
+            out = np.zeros(length, dtype)
+            return ([data(seed, RANK, counts[RANK], dtype), datatype], [out, (counts, displs), datatype], root)
+
+        def scatterv(dtype=dtype, datatype=datatype, seed=seed, root=root):
+            counts, displs, length = _layout(seed + 1)
+            x = data(seed, root, length, dtype)
+            return ([x, (counts, displs), datatype], [np.zeros(counts[RANK], dtype), datatype], root)
+
+        def alltoall(dtype=dtype, seed=seed):
+            return (data(seed, RANK, 2 * N, dtype), np.zeros(2 * N, dtype))
+
+        what = f"{np.dtype(dtype)}"
+        same("Bcast", bcast, comm, what, form)
+        same("Allgather", allgather, comm, what, form)
+        same("Gatherv", gatherv, comm, what, form)
+        same("Scatterv", scatterv, comm, what, form)
+        same("Alltoall", alltoall, comm, what, form)
+
+
+def _committed(datatype):
+    datatype.Commit()
+    return datatype
+
+
+# derived datatypes whose elements lie at one stride: (name, datatype, dtype, instances in one view)
+DERIVED = [
+    ("contiguous", _committed(MPI.INT.Create_contiguous(3)), np.int32, 2),
+    ("vector", _committed(MPI.DOUBLE.Create_vector(4, 1, 3)), np.float64, 1),
+    ("vector of whole blocks", _committed(MPI.FLOAT.Create_vector(2, 3, 3)), np.float32, 2),
+    ("hvector", _committed(MPI.SHORT.Create_hvector(3, 1, 6)), np.int16, 1),
+    ("indexed block from element 1", _committed(MPI.INT64_T.Create_indexed_block(1, [1, 3, 5])), np.int64, 1),
+    ("struct of one type", _committed(MPI.Datatype.Create_struct([2, 1], [0, 8], [MPI.INT, MPI.INT])), np.int32, 2),
+]
+
+
+def _positions(datatype, count: int, dtype, span: int) -> np.ndarray:
+    """The elements `count` instances of `datatype` cover, in typemap order, as native MPI reads
+    them (a send to itself of an array holding each element's own index)."""
+    index = np.arange(span).astype(dtype)
+    packed = np.zeros(datatype.Get_size() * count // np.dtype(dtype).itemsize, dtype)
+    MPI.COMM_SELF.Sendrecv([index, count, datatype], 0, 0, [packed, typed(packed)], 0, 0)
+    return packed.astype(np.int64)
+
+
+def _run_form(comm, method: str, args: tuple, form: str) -> None:
+    if form == "blocking":
+        getattr(comm, method)(*args)
+    elif form == "nonblocking":
+        getattr(comm, "I" + method[0].lower() + method[1:])(*args).Wait()
+    else:
+        request = getattr(comm, method + "_init")(*args)
+        request.Start()
+        request.Wait()
+        request.Free()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_derived_datatypes(comm, form):
+    """Contiguous, vector, hvector, indexed-block and struct datatypes of one element type, as
+    strided views: data movement against mpi4py's native calls with the same datatypes (every
+    buffer compared, so the gaps between elements must stay untouched); reductions, which MPICH
+    does not define on derived datatypes, against NumPy at the elements native MPI reads."""
+    for seed, (name, datatype, dtype, count) in enumerate(DERIVED):
+        elements = datatype.Get_size() // np.dtype(dtype).itemsize  # per instance
+        span = (datatype.lb + count * datatype.extent) // np.dtype(dtype).itemsize + 1
+        root = seed % N
+
+        def bcast(datatype=datatype, dtype=dtype, root=root, seed=seed, count=count, span=span):
+            a = data(seed, RANK, span, dtype) if RANK == root else np.zeros(span, dtype)
+            return ([a, count, datatype], root)
+
+        def gather(datatype=datatype, dtype=dtype, seed=seed, count=count, span=span, root=root, elements=elements):
+            flat = np.zeros(N * count * elements + 1, dtype)
+            return ([data(seed, RANK, span, dtype), count, datatype], [flat, count * elements, typed(flat)], root)
+
+        def scatter(datatype=datatype, dtype=dtype, seed=seed, count=count, span=span, root=root,
+                    elements=elements):
+            flat = data(seed, root, N * count * elements, dtype)
+            return ([flat, typed(flat)], [np.zeros(span, dtype), count, datatype], root)
+
+        what = f"{name} x{count}"
+        same("Bcast", bcast, comm, what, form)
+        same("Gather", gather, comm, what, form)
+        same("Scatter", scatter, comm, what, form)
+
+        at = _positions(datatype, count, dtype, span)
+        out = np.full(span, 7, dtype)
+        _run_form(comm, "Allreduce", ([data(seed, RANK, span, dtype), count, datatype], [out, count, datatype],
+                                      MPI.SUM), form)
+        want = np.full(span, 7, dtype)
+        want[at] = np.sum([data(seed, k, span, dtype)[at] for k in range(N)], axis=0, dtype=dtype)
+        assert_same(out, want, f"Allreduce ({form}) {what}")
+
+        if count == 2:  # several instances in one view: v-variants and recvcounts count instances
+            same("Allgatherv", lambda datatype=datatype, dtype=dtype, seed=seed, elements=elements: (
+                [data(seed, RANK, (RANK % 2 + 1) * elements, dtype), (RANK % 2 + 1), datatype],
+                [np.zeros((2 * N + 1) * elements, dtype), ([k % 2 + 1 for k in range(N)],
+                                                           [2 * k + 1 for k in range(N)]), datatype]),
+                 comm, what, form)
+            same("Alltoallv", lambda datatype=datatype, dtype=dtype, seed=seed, elements=elements: (
+                [data(seed, RANK, N * elements, dtype), ([1] * N, None), datatype],
+                [np.zeros(N * elements, dtype), ([1] * N, None), datatype]), comm, what, form)
+            # these instances are contiguous: the same call on plain elements is the oracle
+            counts = [k % 2 + 1 for k in range(N)]
+            x = data(seed, RANK, sum(counts) * elements, dtype)
+            out = np.zeros(counts[RANK] * elements, dtype)
+            _run_form(comm, "Reduce_scatter", ([x, datatype], [out, datatype], counts, MPI.SUM), form)
+            want = np.zeros_like(out)
+            WORLD.Reduce_scatter(x, want, [c * elements for c in counts], MPI.SUM)
+            assert_same(out, want, f"Reduce_scatter ({form}) {what}")
+
+
+class _DLPackOnly:
+    """Host memory offered through DLPack alone (no buffer protocol), as torch's CPU tensors do."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class _DeviceOnly:
+    """A buffer offered through the CUDA array interface alone."""
+
+    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_dlpack_buffers_with_a_datatype(comm, form):
+    """A DLPack host object in a spec that names its datatype reads and writes its memory."""
+    def args():
+        x, out = data(4, RANK, 6, np.float64), np.zeros(6)
+        return ([_DLPackOnly(x), MPI.DOUBLE], [_DLPackOnly(out), 6, MPI.DOUBLE], MPI.SUM), (x, out)
+
+    (mine, (_, out)), (_, (x, want)) = args(), args()
+    if form == "blocking":
+        comm.Allreduce(*mine)
+    elif form == "nonblocking":
+        comm.Iallreduce(*mine).Wait()
+    else:
+        request = comm.Allreduce_init(*mine)
+        request.Start()
+        request.Wait()
+        request.Free()
+    WORLD.Allreduce(x, want, MPI.SUM)
+    assert_same(out, want, f"Allreduce ({form}) of DLPack objects")
+
+
 def _user_op():
     return MPI.Op.Create(lambda a, b, t: None, commute=True)
 
@@ -419,9 +696,29 @@ BAD_CALLS = [
     ("REPLACE", "op", lambda c: c.Reduce_scatter_block(np.zeros(N), np.zeros(1), MPI.REPLACE)),
     ("a user-defined", "op", lambda c: c.Allreduce(np.zeros(2), np.zeros(2), USER_OP)),
     ("MPI.Op", "op", lambda c: c.Allreduce(np.zeros(2), np.zeros(2), "sum")),
-    ("derived", "sendbuf", lambda c: c.Allreduce([np.zeros(4), MPI.DOUBLE.Create_contiguous(2)], np.zeros(4))),
+    ("derived datatype whose elements are not of one dtype at one stride", "sendbuf",
+     lambda c: c.Allreduce([np.zeros(8), 1, MPI.DOUBLE.Create_vector(2, 2, 3)], np.zeros(4))),
+    ("not evenly spaced", "buf", lambda c: c.Bcast([np.zeros(12), 2, UNEVEN])),
+    ("dtlib cannot map", "buf", lambda c: c.Bcast([np.zeros(8), 1, MPI.DOUBLE.Create_resized(0, 16)])),
+    ("pair types", "buf", lambda c: c.Bcast([np.zeros(4, np.int32), MPI.TWOINT])),
     ("MPI_FLOAT_INT", "sendbuf", lambda c: c.Allreduce([np.zeros(4), MPI.FLOAT_INT], np.zeros(4), MPI.SUM)),
-    ("MPI_LONG_DOUBLE", "buf", lambda c: c.Bcast([np.zeros(4), MPI.LONG_DOUBLE])),
+    ("reductions of MPI_LONG_DOUBLE", "recvbuf",
+     lambda c: c.Allreduce([np.zeros(2, np.longdouble), MPI.LONG_DOUBLE], [np.zeros(2, np.longdouble),
+                                                                            MPI.LONG_DOUBLE])),
+    ("reductions of long double", "recvbuf", lambda c: c.Scan(np.zeros(2, np.clongdouble),
+                                                              np.zeros(2, np.clongdouble))),
+    ("device buffers are not supported", "buf", lambda c: c.Bcast(_DeviceOnly())),
+    ("DLPack buffers without a datatype", "buf", lambda c: c.Bcast(_DLPackOnly(np.zeros(2)))),
+    ("MPI.BOTTOM", "sendbuf", lambda c: c.Alltoallw([MPI.BOTTOM, ([1] * N, [0] * N), [MPI.INT] * N],
+                                                    [np.zeros(N, np.int32), ([1] * N, [4 * k for k in range(N)]),
+                                                     [MPI.INT] * N])),
+    ("one per rank", "recvbuf", lambda c: c.Alltoallw([np.zeros(N), MPI.DOUBLE],
+                                                      [np.zeros(N), ([1] * N, [0] * N), [MPI.DOUBLE] * (N + 1)])),
+    ("runs past", "recvbuf", lambda c: c.Alltoallw([np.zeros(N), [MPI.DOUBLE] * N],
+                                                   [np.zeros(N), ([1] * N, [8 * N] * N), [MPI.DOUBLE] * N])),
+    ("derived datatype in Alltoallw", "recvbuf",
+     lambda c: c.Alltoallw([np.zeros(2 * N), [MPI.DOUBLE] * N],
+                           [np.zeros(2 * N), ([1] * N, [16 * k for k in range(N)]), [DERIVED[0][1]] * N])),
     ("not contiguous", "buf", lambda c: c.Bcast(np.zeros((4, 4))[:, 1])),
     ("runs past", "buf", lambda c: c.Bcast([np.zeros(4), 5, MPI.DOUBLE])),
     ("runs past", "buf", lambda c: c.Bcast([np.zeros(4), (3, 2), MPI.DOUBLE])),
@@ -445,6 +742,7 @@ BAD_CALLS = [
     ("runs past", "recvbuf", lambda c: c.Alltoallv([np.zeros(N), [1] * N], [np.zeros(N), [2] * N])),
 ]
 USER_OP = None
+UNEVEN = _committed(MPI.DOUBLE.Create_indexed_block(1, [0, 2, 4]))  # extent 5: two instances are not one stride
 
 
 @pytest.mark.parametrize("bad", BAD_CALLS, ids=[f"{b[1]}-{k}" for k, b in enumerate(BAD_CALLS)])

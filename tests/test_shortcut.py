@@ -30,8 +30,9 @@ def program(works=(), during=(), prologue=(), exchanges=1, roots=(0, 0), owned=(
     checks, work after, messages made anew, work in flight)."""
     spec = (b"", [], (), (), tuple(works), (), tuple(during))
     traffic = traffic or Traffic(bytes_sent=16, bytes_received=12, messages=2)
+    items = (x_bytes // 4, out_bytes // 4)  # float32 elements
     return compiled._replay.Program(tuple(prologue), (spec,) * exchanges, 0, False, 0, roots, owned, x_bytes,
-                                    out_bytes, allocate, result, traffic, schedule, items=(x_bytes // 4, out_bytes // 4))
+                                    out_bytes, allocate, result, traffic, schedule, items=items)
 
 
 def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
