@@ -42,7 +42,7 @@ from mpi4py.util import dtlib
 
 from mpiring.backend import NUMPY, SUPPORTED_DTYPES, backend_for
 from mpiring.engine.partition import split_bounds
-from mpiring.errors import ArgumentError, ArgumentTypeError
+from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
 
 # mpi4py's predefined ops and the lowercase op each one runs as
 _OPS = (
@@ -97,6 +97,12 @@ def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
     """The buffer's memory as a flat array of the datatype's elements (a view, never a copy)."""
     if isinstance(buf, (MPI.Datatype, list, tuple)):
         raise ArgumentTypeError(collective, argument, f"expected a buffer first in the spec, got {type(buf).__name__}")
+    if _foreign(buf):  # another library's array (PyTorch, JAX, ...), as mpi4py takes it: a view of its memory
+        from mpiring import interop
+
+        buf = interop.native(collective, argument, buf)
+        if isinstance(buf, Unconverted):
+            raise buf.error
     if backend_for(buf) is not NUMPY:
         raise ArgumentTypeError(collective, argument, "device arrays are not supported by the uppercase API: "
                                 "use the lowercase collectives (comm.allreduce(x, out=y), ...)")
@@ -119,6 +125,15 @@ def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
                                 f"of {dtype} elements")
         flat = flat.view(numpy.uint8).view(dtype)
     return flat
+
+
+def _foreign(buf: Any) -> bool:
+    """Whether `buf` may be another library's array (mpiring.interop decides; loaded only then)."""
+    if buf is None or isinstance(buf, (numpy.ndarray, bytes, bytearray, memoryview)):
+        return False
+    from mpiring import interop
+
+    return interop.is_foreign(buf)
 
 
 def _count(collective: str, argument: str, value: Any) -> int:
