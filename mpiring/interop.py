@@ -39,6 +39,8 @@ from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
 _HOST_DEVICES = frozenset((1, 3))  # kDLCPU, kDLCUDAHost (pinned host memory)
 _DEVICE_DEVICES = frozenset((2, 13))  # kDLCUDA, kDLCUDAManaged
 
+_NO_COPY = numpy.lib.NumpyVersion(numpy.__version__) >= "2.1.0"  # from_dlpack(copy=False)
+
 # At most this many layouts keep a stable view (each a small object that owns no memory)
 STABLE_VIEWS = 1024
 _views: OrderedDict[tuple, numpy.ndarray] = OrderedDict()
@@ -70,22 +72,32 @@ def native(collective: str, name: str, x: Any, writable: bool = False) -> Any:
 
 def _native(collective: str, name: str, x: Any, writable: bool) -> Any:
     kind = type(x).__name__
-    device = _device_type(x)
-    if device in _HOST_DEVICES:
-        try:
-            view = numpy.from_dlpack(x)
-        except (BufferError, RuntimeError, TypeError, ValueError) as error:
-            raise ArgumentTypeError(collective, name, f"this {kind} cannot be shared without a copy through "
-                                    f"DLPack: {error}{_hint(error)}") from error
-        if writable and not view.flags.writeable:
-            raise ArgumentError(collective, name, f"this {kind} is read-only (its library exports it so; JAX "
-                                "arrays are immutable): a result cannot be written into it; pass a writable "
-                                "array as out=, or none and take the result")
-        return stable(view)
-    if device in _DEVICE_DEVICES:
+    if not hasattr(type(x), "__dlpack__"):  # the CUDA array interface alone: device memory
         return _device_view(collective, name, x, writable)
-    raise ArgumentTypeError(collective, name, f"this {kind} lives on a device mpiring cannot reach "
-                            f"(DLPack device type {device}): pass host memory or a CUDA array")
+    try:  # host memory is the common case: asking the device first would cost as much again
+        view = _from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as error:
+        device = _device_type(x)
+        if device in _DEVICE_DEVICES:
+            return _device_view(collective, name, x, writable)
+        if device not in _HOST_DEVICES:
+            raise ArgumentTypeError(collective, name, f"this {kind} lives on a device mpiring cannot reach "
+                                    f"(DLPack device type {device}): pass host memory or a CUDA array") from None
+        raise ArgumentTypeError(collective, name, f"this {kind} cannot be shared without a copy through "
+                                f"DLPack: {error}{_hint(error)}") from error
+    if writable and not view.flags.writeable:
+        raise ArgumentError(collective, name, f"this {kind} is read-only (its library exports it so; JAX "
+                            "arrays are immutable): a result cannot be written into it; pass a writable "
+                            "array as out=, or none and take the result")
+    return stable(view)
+
+
+def _from_dlpack(x: Any) -> numpy.ndarray:
+    """NumPy's view of x's memory; never a copy (NumPy 2.1 and later say so to the exporter;
+    before, the exporter gives its own memory as it is, or nothing)."""
+    if _NO_COPY:
+        return numpy.from_dlpack(x, copy=False)
+    return numpy.from_dlpack(x)
 
 
 def _device_type(x: Any) -> int:
@@ -182,6 +194,9 @@ def as_kind(result: Any, like: Any) -> Any:
 
 def convert(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
     """x and out, each a native array where it was a foreign one (see native)."""
+    if out is x and is_foreign(x):  # in place (torch.distributed's way): one view serves both
+        x = out = native(collective, "out", x, writable=True)
+        return x, out
     if is_foreign(x):
         x = native(collective, "x", x)
     if is_foreign(out):
