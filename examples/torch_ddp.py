@@ -2,12 +2,14 @@
 """A small character-level GPT in PyTorch, trained with DistributedDataParallel over the mpiring
 backend and over gloo, or sharded with FSDP over mpiring (docs/pytorch-and-jax.md).
 
-    mpirun -n 2 python examples/torch_ddp.py                     # DDP on mpiring, then on gloo, same seeds
+    mpirun -n 2 python examples/torch_ddp.py                     # DDP on mpiring and on gloo, step by step
     mpirun -n 2 python examples/torch_ddp.py --backend mpiring   # one of them
     mpirun -n 2 python examples/torch_ddp.py --fsdp              # FSDP (fully_shard) on mpiring,
                                                                  # against one process on every rank's batches
 
-Each rank reads other windows of the text (Python's pydoc topics). For each run it prints the
+Each rank reads other windows of the text (Python's pydoc topics). The runs compared take their
+steps in turn (one step of each, then the next), so other work on a shared machine slows them
+alike. For each run it prints the
 losses, tokens per second (all ranks together), and the time spent in gradient all-reduces:
 a DDP communication hook times each bucket's all-reduce to completion (which makes gloo's
 all-reduces wait as mpiring's do; --default-hook keeps DDP's own hook, untimed, for tokens/s
@@ -85,7 +87,7 @@ def timing_hook(group: dist.ProcessGroup, spent: list[float]):  # noqa: ANN201
     """A DDP communication hook: the bucket's mean over ranks, timed until it is done."""
     size = group.size()
 
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+    def hook(state, bucket):  # noqa: ANN001, ANN202 - DDP checks real annotations; this module's are text
         start = time.perf_counter()
         buffer = bucket.buffer()
         dist.all_reduce(buffer, group=group)
@@ -98,33 +100,49 @@ def timing_hook(group: dist.ProcessGroup, spent: list[float]):  # noqa: ANN201
     return hook
 
 
-def train(net: torch.nn.Module, args: argparse.Namespace, data: torch.Tensor, data_of) -> tuple[list[float], float]:  # noqa: ANN001
-    optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr)
-    losses, start = [], 0.0
-    for step in range(args.steps + 1):
-        if step == 1:  # step 0 warms up (first plans, allocations): not timed
-            start = time.perf_counter()
-        x, y = data_of(step)
-        loss = F.cross_entropy(net(x).flatten(0, 1).float(), y.flatten())
-        optimizer.zero_grad(set_to_none=True)
+class Run:
+    """One model in training: its optimizer, losses and the seconds its timed steps took."""
+
+    def __init__(self, net: torch.nn.Module, args: argparse.Namespace, data_of) -> None:  # noqa: ANN001
+        self.net, self.data_of = net, data_of
+        self.optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr)
+        self.losses: list[float] = []
+        self.seconds = 0.0
+
+    def step(self, step: int) -> None:
+        start = time.perf_counter()
+        x, y = self.data_of(step)
+        loss = F.cross_entropy(self.net(x).flatten(0, 1).float(), y.flatten())
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, time.perf_counter() - start
+        self.optimizer.step()
+        self.losses.append(loss.item())
+        if step > 0:  # step 0 warms up (first plans, allocations): not timed
+            self.seconds += time.perf_counter() - start
 
 
-def ddp_run(args: argparse.Namespace, name: str, group: dist.ProcessGroup, data: torch.Tensor, vocab: int) -> dict:
+def train(runs: list[Run], steps: int) -> None:
+    """Step every run in turn (interleaved, so a machine shared with other work slows all alike)."""
+    for step in range(steps + 1):
+        for run in runs:
+            dist.barrier()
+            run.step(step)
+
+
+def ddp_runs(args: argparse.Namespace, groups: dict, data: torch.Tensor, vocab: int) -> list[dict]:
     rank, size = dist.get_rank(), dist.get_world_size()
-    net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group)
-    spent = [0.0]
-    if not args.default_hook:
-        net.register_comm_hook(None, timing_hook(group, spent))
-    dist.barrier()
-    losses, seconds = train(net, args, data, lambda step: batches(data, args, rank, step))
+    runs, spent = [], {}
+    for name, group in groups.items():
+        net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group)
+        spent[name] = [0.0]
+        if not args.default_hook:
+            net.register_comm_hook(None, timing_hook(group, spent[name]))
+        runs.append(Run(net, args, lambda step: batches(data, args, rank, step)))
+    train(runs, args.steps)
     tokens = args.steps * args.batch * args.context * size
-    warm = spent[0] * args.steps / (args.steps + 1)  # the hook ran on the warm-up step too
-    return {"name": name, "losses": losses, "tokens_per_s": tokens / seconds, "seconds": seconds,
-            "comm_s": None if args.default_hook else warm}
+    return [{"name": name, "losses": run.losses, "tokens_per_s": tokens / run.seconds, "seconds": run.seconds,
+             "comm_s": None if args.default_hook else spent[name][0] * args.steps / (args.steps + 1)}
+            for name, run in zip(groups, runs, strict=True)]
 
 
 def fsdp_run(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
@@ -135,23 +153,26 @@ def fsdp_run(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
     for block in net.blocks:
         fully_shard(block)
     fully_shard(net)
-    dist.barrier()
-    losses, seconds = train(net, args, data, lambda step: batches(data, args, rank, step))
-    alone = build(args, vocab)  # one process, every rank's windows at once: the same mean gradient
 
     def everyone(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [batches(data, args, k, step) for k in range(size)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    alone_losses, alone_seconds = train(alone, args, data, everyone)
+    sharded = Run(net, args, lambda step: batches(data, args, rank, step))
+    # one process, every rank's windows at once: the same mean gradient
+    alone = Run(build(args, vocab), args, everyone)
+    train([sharded, alone], args.steps)
+    mean = torch.tensor(sharded.losses, dtype=torch.float64)  # each rank's loss is on its own windows
+    dist.all_reduce(mean, op=dist.ReduceOp.AVG)
+    losses, seconds, alone_losses, alone_seconds = mean.tolist(), sharded.seconds, alone.losses, alone.seconds
     worst = 0.0
-    for sharded, single in zip(net.parameters(), alone.parameters(), strict=True):
+    for piece, single in zip(net.parameters(), alone.net.parameters(), strict=True):
         shards = [None] * size
-        dist.all_gather_object(shards, sharded.to_local().detach())
+        dist.all_gather_object(shards, piece.to_local().detach())
         worst = max(worst, (torch.cat(shards) - single.detach()).abs().max().item())
     if rank == 0:
         tokens = args.steps * args.batch * args.context * size
-        print(f"FSDP over mpiring, {size} ranks: loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+        print(f"FSDP over mpiring, {size} ranks: loss (mean over ranks) {losses[0]:.4f} -> {losses[-1]:.4f}, "
               f"{tokens / seconds:,.0f} tokens/s")
         print(f"one process, same {args.batch * size} windows per step: loss {alone_losses[0]:.4f} -> "
               f"{alone_losses[-1]:.4f}, {tokens / alone_seconds:,.0f} tokens/s")
@@ -184,11 +205,11 @@ def main() -> None:
         fsdp_run(args, data, len(alphabet))
         dist.destroy_process_group()
         return
-    groups = {"mpiring": dist.group.WORLD}
+    groups = {"mpiring": dist.group.WORLD}  # the default group: this backend
     if args.backend in ("both", "gloo"):
         groups["gloo"] = dist.new_group(backend="gloo")
-    runs = [ddp_run(args, name, groups[name], data, len(alphabet)) for name in ("mpiring", "gloo")
-            if args.backend in ("both", name)]
+    runs = ddp_runs(args, {name: group for name, group in groups.items() if args.backend in ("both", name)}, data,
+                    len(alphabet))
     if dist.get_rank() == 0:
         print(f"DDP, {dist.get_world_size()} ranks, {args.batch} x {args.context} tokens per rank per step, "
               f"{args.steps} timed steps, torch {torch.__version__}, mpiring {mpiring.__version__}")
