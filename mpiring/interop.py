@@ -57,20 +57,22 @@ def is_foreign(x: Any) -> bool:
     return hasattr(kind, "__dlpack__") or hasattr(kind, "__cuda_array_interface__")
 
 
-def native(collective: str, name: str, x: Any, writable: bool = False) -> Any:
+def native(collective: str, name: str, x: Any, writable: bool = False, owned: bool = False) -> Any:
     """A foreign array `x` as a NumPy (host) or CuPy (device) array over the same memory; on any
     problem, an `Unconverted` that the collective's own argument check raises (so a refusal
     takes the same path as any bad argument: before a message moves, every rank kept in step).
 
-    `writable`: `x` receives a result (out=): a read-only export is refused.
+    `writable`: `x` receives a result (out=): a read-only export is refused. A host array is
+    the stable view of its layout (see `stable`), which does not keep x's memory alive; `owned`:
+    the view DLPack gave, which does (for a call that may outlive the caller's reference).
     """
     try:
-        return _native(collective, name, x, writable)
+        return _native(collective, name, x, writable, owned)
     except ArgumentError as error:
         return Unconverted(error)
 
 
-def _native(collective: str, name: str, x: Any, writable: bool) -> Any:
+def _native(collective: str, name: str, x: Any, writable: bool, owned: bool) -> Any:
     kind = type(x).__name__
     if not hasattr(type(x), "__dlpack__"):  # the CUDA array interface alone: device memory
         return _device_view(collective, name, x, writable)
@@ -89,7 +91,7 @@ def _native(collective: str, name: str, x: Any, writable: bool) -> Any:
         raise ArgumentError(collective, name, f"this {kind} is read-only (its library exports it so; JAX "
                             "arrays are immutable): a result cannot be written into it; pass a writable "
                             "array as out=, or none and take the result")
-    return stable(view)
+    return view if owned else stable(view)
 
 
 def _from_dlpack(x: Any) -> numpy.ndarray:
@@ -192,15 +194,15 @@ def as_kind(result: Any, like: Any) -> Any:
     return result
 
 
-def convert(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
+def convert(collective: str, x: Any, out: Any, owned: bool = False) -> tuple[Any, Any]:
     """x and out, each a native array where it was a foreign one (see native)."""
     if out is x and is_foreign(x):  # in place (torch.distributed's way): one view serves both
-        x = out = native(collective, "out", x, writable=True)
+        x = out = native(collective, "out", x, writable=True, owned=owned)
         return x, out
     if is_foreign(x):
-        x = native(collective, "x", x)
+        x = native(collective, "x", x, owned=owned)
     if is_foreign(out):
-        out = native(collective, "out", out, writable=True)
+        out = native(collective, "out", out, writable=True, owned=owned)
     return x, out
 
 
@@ -234,15 +236,29 @@ class ConvertedRequest:
         return getattr(self._request, name)
 
 
+# The caller's arrays of blocking calls that failed past their argument checks: the ring keeps
+# such a call's buffers (MPI may still write into them), which for foreign arrays are views
+# that own nothing, so their owners are kept here, for the life of the process.
+_failed_calls: list[tuple[Any, Any]] = []
+
+
 def call(run: Any, collective: str, x: Any, out: Any, *rest: Any) -> Any:
     """Run a blocking call (`run`: the communicator's) on native views of x and out, and give its
     result back as the caller's kind."""
     native_x, native_out = convert(collective, x, out)
-    return result(run(collective, native_x, native_out, *rest), native_out, x, out)
+    try:
+        value = run(collective, native_x, native_out, *rest)
+    except ArgumentError:
+        raise
+    except BaseException:
+        _failed_calls.append((x, out))
+        raise
+    return result(value, native_out, x, out)
 
 
 def start(run: Any, collective: str, x: Any, out: Any, *rest: Any) -> ConvertedRequest:
-    """Start a nonblocking or persistent call (`run`: the communicator's) on native views of x
-    and out; its request gives the result back as the caller's kind."""
-    native_x, native_out = convert(collective, x, out)
+    """Start a nonblocking or persistent call (`run`: the communicator's) on views of x and out
+    that keep their memory alive (the request holds them while the call may use them, whatever
+    the caller drops); its request gives the result back as the caller's kind."""
+    native_x, native_out = convert(collective, x, out, owned=True)
     return ConvertedRequest(run(collective, native_x, native_out, *rest), x, out, native_out)

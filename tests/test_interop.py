@@ -191,3 +191,14 @@ def test_dropin_takes_foreign_buffers(comm):
         every = torch.zeros(6 * N, dtype=torch.float64)
         comm.Allgather(tensor_of(x), every)
         assert_same(every.numpy(), np.concatenate(all_inputs(5, N, (6,), "float64")), "Allgather torch")
+
+
+@needs_torch
+def test_nonblocking_calls_keep_the_memory_alive(comm):
+    t = torch.ones(4)
+    request = comm.iallreduce(t, out=t)
+    x, out = request._request.arrays  # what the engine holds while the call is in flight
+    assert x is out and address(x) == t.data_ptr()
+    assert x.base is not None and not isinstance(x.base, interop._Layout)  # DLPack's view: it owns the memory
+    del t
+    assert_same(request.wait().numpy(), np.full(4, float(N), np.float32), "after the caller let go")

@@ -26,18 +26,21 @@ _host: dict[tuple, numpy.ndarray] = {}
 
 def host_view(tensor: torch.Tensor, flat: bool = False) -> numpy.ndarray:
     """A NumPy array over a CPU tensor's memory (1-D with `flat`: the tensor must then be
-    contiguous), the same object every time for the same memory layout."""
+    contiguous), the same object every time for the same memory layout. It does not keep the
+    memory alive: for blocking calls, while the caller holds the tensor (see owned_view)."""
     key = (tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride(), flat)
     view = _host.get(key)
     if view is None:
-        view = _new_host_view(tensor, flat)
+        view = interop.stable(owned_view(tensor, flat))
         if len(_host) >= _LAYOUTS:
             _host.clear()
         _host[key] = view
     return view
 
 
-def _new_host_view(tensor: torch.Tensor, flat: bool) -> numpy.ndarray:
+def owned_view(tensor: torch.Tensor, flat: bool = False) -> numpy.ndarray:
+    """A NumPy array over a CPU tensor's memory that keeps the tensor alive (for a call that may
+    outlive the caller's reference: a nonblocking one); a new object every time."""
     if flat and not tensor.is_contiguous():
         raise ValueError("mpiring: this collective needs contiguous tensors (it reads and writes them as one "
                          "block): pass tensor.contiguous()")
@@ -52,9 +55,7 @@ def _new_host_view(tensor: torch.Tensor, flat: bool) -> numpy.ndarray:
             view = tensor.numpy()
         except TypeError as error:
             raise TypeError(f"mpiring: tensors of dtype {tensor.dtype} are not supported ({error})") from None
-    if flat:
-        view = view.reshape(-1)
-    return interop.stable(view)
+    return view.reshape(-1) if flat else view
 
 
 def _bfloat16() -> numpy.dtype:
@@ -66,10 +67,11 @@ def _bfloat16() -> numpy.dtype:
     return numpy.dtype(ml_dtypes.bfloat16)
 
 
-def view(tensor: torch.Tensor, flat: bool = False) -> Any:
-    """The array mpiring runs on for `tensor`: host_view on the CPU, a CuPy array on a GPU."""
+def view(tensor: torch.Tensor, flat: bool = False, owned: bool = False) -> Any:
+    """The array mpiring runs on for `tensor`: on the CPU, host_view (owned_view with `owned`);
+    on a GPU, a CuPy array (which keeps the tensor alive)."""
     if tensor.is_cpu:
-        return host_view(tensor, flat)
+        return owned_view(tensor, flat) if owned else host_view(tensor, flat)
     if tensor.is_cuda:
         if flat and not tensor.is_contiguous():
             raise ValueError("mpiring: this collective needs contiguous tensors: pass tensor.contiguous()")
