@@ -32,6 +32,7 @@ class Work(dist.Work):
         self._done = not self._pending and finish is None
         self._error: BaseException | None = None
         self.source: int = -1  # recv_anysource: the rank the message came from
+        self._keep: Any = None  # temporaries the call reads or writes, alive as long as the Work
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the call is done (mpiring's communicator timeout applies, not `timeout`)."""
