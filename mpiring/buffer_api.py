@@ -51,10 +51,14 @@ _OPS = (
     (MPI.BAND, "band"), (MPI.BOR, "bor"), (MPI.BXOR, "bxor"),
 )
 _OP_NAMES = ", ".join(f"MPI.{name.upper()}" for _, name in _OPS)
+_NDARRAY = numpy.ndarray
 
 
 def op_name(collective: str, op: Any) -> str:
     """The lowercase op name for an mpi4py MPI.Op (MAXLOC, MINLOC, REPLACE, user ops: refused)."""
+    for known, name in _OPS:  # the predefined objects themselves: the common case, without a comparison in MPI
+        if op is known:
+            return name
     if isinstance(op, MPI.Op):
         for known, name in _OPS:
             if op == known:
@@ -137,6 +141,8 @@ def _foreign(buf: Any) -> bool:
 
 
 def _count(collective: str, argument: str, value: Any) -> int:
+    if value.__class__ is int and value >= 0:  # the common case, without the ABC check below
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ArgumentError(collective, argument, f"counts and displacements must be non-negative integers, "
                             f"got {value!r}")
@@ -172,6 +178,8 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
     block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
     """
+    if spec.__class__ is _NDARRAY and blocks == 1 and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES:
+        return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")

@@ -21,11 +21,13 @@ from mpi4py import MPI
 from mpiring import collectives, consistency, environment, identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
-from mpiring.catalogue import SAME_SIZE_EVERYWHERE
+from mpiring.catalogue import CATALOGUE, SAME_SIZE_EVERYWHERE
 from mpiring.engine import compiled
-from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_plan, run_plan, run_to_end
+from mpiring.engine.cache import Cache, Seen
+from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_recorded, run_recorded, run_to_end
 from mpiring.engine.partition import row_bounds
-from mpiring.engine.plan import Plan, PlanCache, Sighting, build_plan
+from mpiring.engine.plan import Plan, Sighting, build_plan
+from mpiring.engine.schedule import Schedule, Unschedulable, bindable, build_schedule, layout_key
 from mpiring.engine.scratch import POOL_BYTES
 from mpiring.engine.transport import Call, Steps, Traffic, persistent_sends_suit
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice
@@ -121,12 +123,12 @@ class Communicator(BufferAPI):
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
         self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
         self._check = consistency.make_checker(self._ring, check, self.timeout)
-        self._plans = PlanCache()
+        self._cache = Cache()  # schedules (host) and plans (device) of repeated calls
         # what the methods call: a cached call in C where it can be (compiled.shortcut), else in Python
         self._blocking = self._blocking_in_python
         if self._check is None:
-            self._blocking = compiled.shortcut(self._plans, self._ring, self, Plan, NUMPY,
-                                               self._blocking_in_python, self._after_shortcut, YIELD_SECONDS)
+            self._blocking = compiled.shortcut(self._cache.compiled, self._ring, self, self._blocking_in_python,
+                                               self._after_shortcut, YIELD_SECONDS)
 
     @property
     def rank(self) -> int:
@@ -146,13 +148,26 @@ class Communicator(BufferAPI):
         """Bytes and messages this communicator has handed to MPI; `traffic.reset()` zeroes them."""
         return self._ring.traffic
 
-    def plan_of(self, collective: str, x: Any = None, out: Any = None) -> Plan | None:
-        """The plan a blocking `collective` call with these very arrays replays (None if it has
-        none yet): for tools, tests and the benchmark (docs/engine.md)."""
-        for plan in self._plans.table.values():
+    def plan_of(self, collective: str, x: Any = None, out: Any = None, **arguments: Any) -> Schedule | Plan | None:
+        """The schedule (host arrays: any of this layout) or plan (device arrays: these very ones) a
+        blocking `collective` call with these arrays replays, None if it has none yet: for tools,
+        tests and the benchmark (docs/engine.md). `arguments`: the call's op, root, counts and
+        algorithm where they are not the defaults (op "sum", root 0 for rooted calls)."""
+        if _on_host(x, out):
+            found = self._cache.table.get(self._layout_key(collective, x, out, **arguments))
+            return found if type(found) is Schedule else None
+        for plan in self._cache.table.values():
             if type(plan) is Plan and plan.call.collective == collective and plan.x is x and plan.out is out:
                 return plan
         return None
+
+    def _layout_key(self, collective: str, x: Any, out: Any, op: Any = None, root: Any = None, counts: Any = None,
+                    algorithm: Any = None) -> tuple:
+        entry = CATALOGUE[collective]
+        op = (SUM if op is None else op) if entry.reduces else None
+        root = (0 if root is None else root) if entry.rooted else None
+        counts = _counts_pair(*counts) if entry.send_counts and counts is not None else _key(counts)
+        return layout_key(collective, x, out, op, root, counts, algorithm)
 
     def free(self) -> None:
         """Release the private MPI communicator (collective; a second call does nothing).
@@ -165,7 +180,7 @@ class Communicator(BufferAPI):
         if not self._freed:
             self._freed = True
             self._blocking = self._blocking_in_python  # the shortcut's memo of its last hit goes too
-            self._plans.clear(keep=self._ring.abandoned)
+            self._cache.clear(keep=self._ring.abandoned)
             self._ring.scratch_pool.clear()
             if not self._ring.failures:
                 self._ring.comm.Free()
@@ -178,13 +193,14 @@ class Communicator(BufferAPI):
 
     # ---- plumbing ----
     #
-    # A blocking call first looks for a plan of its call shape (the collective, the identity of
-    # its arrays, op, root and algorithm). Found, the call runs it: a few checks, the starts and
-    # waits, and the arithmetic (in the common case, a compiled host plan, all in C:
-    # compiled.shortcut, which hands any other call to _blocking_in_python). Not found, a builder
-    # checks the arguments and makes the call's generator of steps; a host call whose layout
-    # every rank knows alone is recorded as a plan, kept and run, any other call runs its
-    # generator. Nonblocking calls run their generator.
+    # A blocking call on host arrays looks for the schedule of its layout (the collective, op,
+    # root, counts, algorithm, the dtypes and shapes of x and out, whether out is x): in the
+    # common case the C Shortcut finds and runs it without entering Python (compiled.shortcut);
+    # here, `_on_host_arrays` finds it or, not found, has a builder check the arguments and make
+    # the call's generator of steps: the second call of a layout every rank knows alone is
+    # recorded as a schedule, kept and run, any other runs its generator. Device arrays: small
+    # calls run on host copies (Backend.run_on_host), others find a plan by their arrays'
+    # identity (`_on_device_arrays`). Nonblocking calls run their generator.
 
     def _call(self, collective: str, algorithm: Any, timeout: Any, x: Any = None, op: Any = None,
               root: Any = None) -> Call:
@@ -241,6 +257,8 @@ class Communicator(BufferAPI):
 
     def _blocking_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
                             algorithm: Any, timeout: Any) -> Any:
+        if (x.__class__ is _NDARRAY or x is None) and (out is None or out.__class__ is _NDARRAY):
+            return self._on_host_arrays(collective, x, out, op, root, counts, algorithm, timeout)
         if _foreign(x, out):  # another library's arrays: the call runs on views of their memory
             from mpiring import interop
             return interop.call(self._blocking, collective, x, out, op, root, counts, algorithm, timeout)
@@ -249,30 +267,93 @@ class Communicator(BufferAPI):
             if backend.host_bytes and _fits_on_host(backend, x, out):
                 return backend.run_on_host(x, out, lambda host_x, host_out: self._blocking(
                     collective, host_x, host_out, op, root, counts, algorithm, timeout))
+        return self._on_device_arrays(collective, x, out, op, root, counts, algorithm, timeout)
+
+    def _on_host_arrays(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
+                        algorithm: Any, timeout: Any) -> Any:
         ring = self._ring
-        plans = self._plans.table
+        if x is not None and x is not out and not x.flags.c_contiguous:
+            x = numpy.ascontiguousarray(x)  # what the collective would copy anyway: now the schedule fits
         try:
-            key = (collective, id(x), id(out), op, root, counts, algorithm)
-            known = plans.get(key)
+            key = layout_key(collective, x, out, op, root, counts, algorithm)
+            known = self._cache.table.get(key)
         except TypeError:  # an unhashable op, root, counts or algorithm: the builder's checks name it
             key, known = None, None
         try:
-            # A plan only stays cached while the communicator is usable (see _failed and free).
+            # A schedule only stays cached while the communicator is usable (see _failed and free).
+            if known.__class__ is Schedule and ring.owner == get_ident() and known.fits(x, out):
+                # the call count keeps the ranks' sequence numbers together, as a built call does,
+                # and dates the schedule's use (the least recently used is evicted first)
+                ring.calls = known.used = ring.calls + 1
+                if ring.in_flight:
+                    self._check_aliasing(collective, x, out)
+                if self._check is not None:
+                    self._check.compare(known.call, x, op, root)
+                return self._run_schedule(known, x, out, self.timeout if timeout is None else
+                                          check_timeout(collective, timeout))
+            built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
+            call = built.call
+            call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
+            recordable = known.__class__ is Seen and known.recordable and bindable(x, out)
+            if built.plannable and key is not None and recordable:
+                try:  # the second call of this layout: record it
+                    schedule = self._record(call, built, x, out)
+                    call.checked = ()  # a cached schedule keeps no call's arrays: each hit binds its own
+                except Unschedulable:
+                    known.recordable = False  # it runs unrecorded from now on, without trying again
+                else:
+                    self._cache.add(key, schedule, ring.calls)
+                    return self._run_schedule(schedule, x, out, call.timeout)
+            elif built.plannable and key is not None and known is None:
+                self._cache.add(key, Seen(), ring.calls)
+            return run_to_end(ring, built.body(built.backend), call)
+        except BaseException as error:
+            self._blocking_failed(error)
+            raise
+
+    def _record(self, call: Call, built: Built, x: Any, out: Any) -> Schedule:
+        """Record `built` as a schedule; where it cannot be one, leave the call as it was (the
+        generator chose and tagged its algorithm while recording) and raise Unschedulable."""
+        tag, algorithm = call.tag, call.algorithm
+        try:
+            schedule = build_schedule(self._ring, call, built.body, x, out)
+        except Unschedulable:
+            call.tag, call.algorithm, call.step = tag, algorithm, 0
+            raise
+        return schedule
+
+    def _run_schedule(self, schedule: Schedule, x: Any, out: Any, timeout: float | None) -> Any:
+        schedule.count_run()
+        schedule.bind(x, out)
+        result = run_recorded(self._ring, schedule, timeout)  # raising, it stays bound: MPI may still use them
+        schedule.unbind()
+        return result
+
+    def _on_device_arrays(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
+                          algorithm: Any, timeout: Any) -> Any:
+        """A call on device arrays (or array-likes): its plan, found by the arrays' identity."""
+        ring = self._ring
+        table = self._cache.table
+        try:
+            key = (collective, id(x), id(out), op, root, counts, algorithm)
+            known = table.get(key)
+        except TypeError:  # an unhashable op, root, counts or algorithm: the builder's checks name it
+            key, known = None, None
+        try:
             # The same arrays may have had their shape or dtype reassigned in place: compare them.
             # Device arrays may have changed path (mpiring.gpu.device_backend reads the
             # environment on every call): compare their backend too.
             if (known.__class__ is Plan and ring.owner == get_ident()
                     and (x is None or (x.shape == known.x_shape and x.dtype is known.x_dtype))
                     and (out is None or (out.shape == known.out_shape and out.dtype is known.out_dtype))
-                    and (known.backend is NUMPY or backend_for(out if x is None else x) is known.backend)):
-                # the call count keeps the ranks' sequence numbers together, as a built call does,
-                # and dates the plan's use (the least recently used is evicted first)
+                    and backend_for(out if x is None else x) is known.backend):
                 ring.calls = known.used = ring.calls + 1
                 if ring.in_flight:
                     self._check_aliasing(collective, x, out)
                 if self._check is not None:
                     self._check.compare(known.call, *known.call.checked)
-                return run_plan(ring, known, self.timeout if timeout is None else check_timeout(collective, timeout))
+                timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+                return run_recorded(ring, known, timeout)
             built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
             call = built.call
             call.tag = ring.blocking_tag(identity.of_call(collective, *call.checked, built.exchanging))
@@ -280,23 +361,25 @@ class Communicator(BufferAPI):
                 if known is not None and known.seen(x, out):  # the second call with these arrays: plan it
                     plan = build_plan(ring, built.backend, call, built.body)
                     plan.bind(x, out)
-                    self._plans.add(key, plan, ring.calls)
-                    return run_plan(ring, plan, call.timeout)
-                self._plans.add(key, Sighting(x, out), ring.calls)
+                    self._cache.add(key, plan, ring.calls)
+                    return run_recorded(ring, plan, call.timeout)
+                self._cache.add(key, Sighting(x, out), ring.calls)
             return run_to_end(ring, built.body(built.backend), call)
         except BaseException as error:
             self._blocking_failed(error)
             raise
 
-    def _after_shortcut(self, plan: Plan, stopped: tuple[int, int, int] | None, spin: float,
+    def _after_shortcut(self, program: Any, stopped: tuple[int, int, int] | None, spin: float,
                         error: BaseException | None) -> Any:
-        """Python takes over a cached call the C shortcut ran: it stopped waiting after `spin`
+        """Python takes over a cached call the C Shortcut ran: it stopped waiting after `spin`
         seconds, or saw a wrong size or an MPI error (`stopped`), or recorded work raised `error`."""
+        schedule = program.schedule
         try:
             if error is not None:
                 raise error
-            return resume_plan(self._ring, plan, self.timeout, stopped, spin)
+            return resume_recorded(self._ring, schedule, self.timeout, stopped, spin)
         except BaseException as failure:
+            self._ring.abandoned.append(schedule.bound_roots())  # MPI may still use the call's arrays
             self._blocking_failed(failure)
             raise
 
@@ -309,7 +392,7 @@ class Communicator(BufferAPI):
         """A call raised here: later blocking calls take new tags (Ring.blocking_tag), so
         none of them can match a message the other ranks sent for this one."""
         self._ring.failures += 1
-        self._plans.clear(keep=self._ring.abandoned)  # their requests carry the old tag
+        self._cache.clear(keep=self._ring.abandoned)  # their messages carry the old tag
 
     def _start(self, collective: str, *args: Any) -> CollectiveRequest:
         if _foreign(args[0], args[1]):  # x, out of another library: see _blocking_in_python
@@ -329,12 +412,14 @@ class Communicator(BufferAPI):
             return interop.start(self._persistent, collective, x, out, *args)
         ring = self._ring
         try:
-            call, backend, body, plannable, _ = self._build(collective, x, out, *args)
-            plan = None
-            if plannable and _caller_arrays(x, out, backend):
-                call.tag = ring.persistent_tag()
-                plan = build_plan(ring, backend, call, body)
-                plan.bind(x, out)
+            built = self._build(collective, x, out, *args)
+            call, backend, body = built.call, built.backend, built.body
+            recorded = None
+            # one tag for the request's life, recorded or not: whether a rank could record it
+            # (its arrays may not bind) does not change a message, so ranks need not agree on it
+            call.tag = ring.persistent_tag()
+            if built.plannable and _caller_arrays(x, out, backend):
+                recorded = self._record_persistent(built, x, out)
         except BaseException:
             self._failed()
             raise
@@ -352,10 +437,29 @@ class Communicator(BufferAPI):
             if self._check is not None:
                 self._check.compare(call, *call.checked)
 
-        request = PersistentRequest(ring, call, plan, lambda: body(backend), started)
+        request = PersistentRequest(ring, call, recorded, lambda: body(backend), started)
         if self._check is None:  # else `started` compares every run's arguments: in Python
             request.take_shortcut(self)
         return request
+
+    def _record_persistent(self, built: Built, x: Any, out: Any) -> Schedule | Plan | None:
+        """A persistent request's own schedule (host) or plan (device), bound to its arrays for life;
+        None where it cannot be recorded (it then runs its generator each start)."""
+        if built.backend is not NUMPY:
+            plan = build_plan(self._ring, built.backend, built.call, built.body)
+            plan.bind(x, out)
+            return plan
+        if not bindable(x, out):
+            return None
+        try:
+            schedule = self._record(built.call, built, x, out)
+        except Unschedulable:
+            return None
+        if not schedule.fits(x, out):
+            schedule.free()
+            return None
+        schedule.bind(x, out)
+        return schedule
 
     # ---- the collectives: builders check arguments and return what running the call needs ----
 
@@ -769,6 +873,10 @@ def _fits_on_host(backend: Any, x: Any, out: Any) -> bool:
     given) are the backend's own arrays, out contiguous so the result lands in it, and x small."""
     return (backend.is_array(x) and x.nbytes <= backend.host_bytes
             and (out is None or (backend.is_array(out) and out.flags.c_contiguous)))
+
+
+def _on_host(x: Any, out: Any) -> bool:
+    return (x is None or x.__class__ is _NDARRAY) and (out is None or out.__class__ is _NDARRAY)
 
 
 def _plannable(backend: Any, x: Any) -> bool:

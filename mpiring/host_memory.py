@@ -21,6 +21,7 @@ of the MPI library alike.
 
 from __future__ import annotations
 
+import math
 import mmap
 from functools import cache
 from pathlib import Path
@@ -75,7 +76,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = numpy.float64, *,
     from 256 KiB up. An array takes whole 2 MiB pages: a 64 KiB one holds 2 MiB of memory.
     """
     dtype = numpy.dtype(dtype)
-    nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+    nbytes = (int(shape) if isinstance(shape, (int, numpy.integer)) else math.prod(shape)) * dtype.itemsize
     if nbytes < huge_from or not huge_pages():
         return numpy.empty(shape, dtype)
     return in_huge_pages(nbytes).view(dtype).reshape(shape)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the time of a small planned all-reduce goes (docs/engine.md, "Where the microseconds").
+"""Where the time of a small recorded all-reduce goes (docs/engine.md, "Where the microseconds").
 
     mpirun -n 2 python scripts/measure_call_cost.py [--bytes 8] [--write docs/engine.md]
 
@@ -11,13 +11,13 @@ the mean over ranks:
 - Python floor: the same exchange and add written out by hand with persistent requests made once
   (`Startall`, `Waitall` with statuses, one size check, `np.add(..., out=)`), what any Python
   implementation pays at least;
-- mpiring: `comm.allreduce(x, out=y)` with its plan cached, also on a communicator without a
+- mpiring: `comm.allreduce(x, out=y)` with its schedule cached, also on a communicator without a
   timeout, and as a persistent request;
-- a replay of the plan without the call around it (`run_plan`), so the difference to the full
-  call is the cache lookup and per-call checks;
-- the planned call with its cache hit taken in Python rather than by the C shortcut
+- a replay of the schedule, bound once, without the call around it (`run_recorded`), so the
+  difference to the full call is the lookup, the binding and the per-call checks;
+- the recorded call with its cache hit taken in Python rather than by the C Shortcut
   (compiled.shortcut), where the C replay was built;
-- the planned call with its plan replayed in Python (MPIRING_COMPILED=0) rather than in C
+- the recorded call with its schedule replayed in Python (MPIRING_COMPILED=0) rather than in C
   (mpiring.engine.compiled), where the C replay was built.
 """
 
@@ -33,7 +33,7 @@ from mpi4py import MPI
 import mpiring
 from mpiring.bench import timing
 from mpiring.engine import compiled
-from mpiring.engine.executor import run_plan
+from mpiring.engine.executor import run_recorded
 
 MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
 WARMUP = 20  # untimed calls of each variant
@@ -64,7 +64,7 @@ def main() -> None:
         np.add(x, incoming, out=y) if world.rank == 0 else np.add(incoming, x, out=y)
 
     persistent = comm.allreduce_init(x, out=y)
-    os.environ["MPIRING_COMPILED"] = "0"  # read when a plan is built: this one replays in Python
+    os.environ["MPIRING_COMPILED"] = "0"  # read when a schedule is built: this one replays in Python
     in_python = mpiring.Communicator()
     in_python.allreduce(x, out=y)
     in_python.allreduce(x, out=y)
@@ -82,18 +82,20 @@ def main() -> None:
     variants = {
         "native `Allreduce`": lambda: world.Allreduce(x, y),
         "Python floor (persistent requests, by hand)": floor,
-        "mpiring `comm.allreduce(x, out=y)`, planned": lambda: comm.allreduce(x, out=y),
+        "mpiring `comm.allreduce(x, out=y)`, recorded": lambda: comm.allreduce(x, out=y),
         "the same on a `Communicator(timeout=math.inf)` (no timeout)": lambda: unlimited.allreduce(x, out=y),
         "persistent: `req.start(); req.wait()`": start_and_wait,
-        "the planned call, its cache hit in Python (no C shortcut)": lambda: hit_in_python.allreduce(x, out=y),
-        "the planned call replayed in Python (`MPIRING_COMPILED=0`)": lambda: in_python.allreduce(x, out=y),
+        "the recorded call, its cache hit in Python (no C Shortcut)": lambda: hit_in_python.allreduce(x, out=y),
+        "the recorded call replayed in Python (`MPIRING_COMPILED=0`)": lambda: in_python.allreduce(x, out=y),
     }
     comm.allreduce(x, out=y)
     comm.allreduce(x, out=y)
-    plan = comm.plan_of("allreduce", x, y)
-    variants["the plan's replay alone (`run_plan`)"] = lambda: run_plan(comm._ring, plan, comm.timeout)
+    schedule = comm.plan_of("allreduce", x, y)
+    schedule.bind(x, y)
+    variants["the schedule's replay alone (`run_recorded`)"] = lambda: run_recorded(comm._ring, schedule, comm.timeout)
     timings = timing.time_calls(world, list(variants.values()), iters=args.calls, reps=args.rounds, warmup=WARMUP)
     us = {name: t.avg * 1e6 for name, t in zip(variants, timings, strict=True)}
+    schedule.unbind()
     for request in requests:
         request.Free()
     persistent.free()
@@ -108,15 +110,15 @@ def main() -> None:
              "| variant | us per call | x native |", "| --- | --- | --- |"]
     for name, value in us.items():
         lines.append(f"| {name} | {value:.2f} | {value / native:.2f} |")
-    call = us["mpiring `comm.allreduce(x, out=y)`, planned"]
-    replay = us["the plan's replay alone (`run_plan`)"]
+    call = us["mpiring `comm.allreduce(x, out=y)`, recorded"]
+    replay = us["the schedule's replay alone (`run_recorded`)"]
     floor_us = us["Python floor (persistent requests, by hand)"]
     no_limit = us["the same on a `Communicator(timeout=math.inf)` (no timeout)"]
-    lines += ["", f"Plans replay {compiled.describe()} here. Of mpiring's {call:.2f} us: {floor_us:.2f} "
+    lines += ["", f"Schedules replay {compiled.describe()} here. Of mpiring's {call:.2f} us: {floor_us:.2f} "
               f"the floor's messages and add, {replay - floor_us:+.2f} the executor around them (traffic "
-              f"counters, step loop, functions bound at build time; below zero where C beats the hand-written "
+              f"counters, step loop; below zero where C beats the hand-written "
               f"Python), {call - replay:.2f} the call itself (method, cache "
-              "lookup, the checks that the arrays, thread and communicator still fit the plan). "
+              "lookup, binding the arrays, the checks that the thread and communicator still fit). "
               f"The default timeout (10 minutes; a Testall, then a timed poll) costs {call - no_limit:+.2f} us "
               "against no timeout (one Waitall); the replay alone waits as the call does."]
     text = "\n".join(lines)

@@ -271,26 +271,23 @@ def test_the_package_imports_without_circles_and_the_core_never_imports_upward()
     assert all(upward[module] for module in _ABOVE_THE_CORE), "an exemption no module needs any more"
 
 
-def test_the_compiled_replay_takes_plain_copies_and_float_sums_and_calls_the_rest():
-    """compiled._work: what the C loop does itself, and what it leaves to NumPy."""
-    from functools import partial
-
+def test_the_compiled_replay_takes_plain_copies_and_exact_arithmetic_and_calls_the_rest():
+    """compiled.work_spec: what the C loop does itself, and what it leaves to NumPy."""
     from mpiring.engine import compiled
 
     a, b, out = np.ones(6, np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
-    assert compiled._work(partial(np.copyto, out, a))[:5] == (1, out.ctypes.data, a.ctypes.data, None, 24)
-    assert compiled._work(partial(np.add, a, b, out=out))[0] == 2
-    assert compiled._work(partial(np.add, out, b, out=out))[0] == 2  # in place: exactly the same memory
-    a64, b64, out64 = (v.astype(np.float64) for v in (a, b, out))
-    assert compiled._work(partial(np.add, a64, b64, out=out64))[0] == 3
-    called = [partial(np.add, a.astype(np.int32), b.astype(np.int32), out=out.astype(np.int32)),  # not a float
-              partial(np.maximum, a, b, out=out),  # another op
-              partial(np.add, out[1:], b[:5], out=out[:5]),  # overlapping, shifted: NumPy buffers it
-              partial(np.copyto, out[::2], a[:3]),  # not contiguous
-              partial(np.true_divide, out, 2, out=out),  # a scalar
-              partial(np.copyto, np.frombuffer(bytes(24), np.float32), a)]  # read-only: NumPy refuses it
-    for work in called:
-        assert compiled._work(work) is work
+    refs = ((1, 0), (0, 0), (0, 8))
+    assert compiled.work_spec("copy", None, (out, a), refs[:2], 0) == (compiled.WORK_COPY, 0, 0, (1, 0), (0, 0),
+                                                                       (-1, 0), 24, 0)
+    assert compiled.work_spec("op", "sum", (out, a, b), refs, 0)[0] == compiled.WORK_OP
+    assert compiled.work_spec("op", "sum", (out, out, b), refs, 0)[0] == compiled.WORK_OP  # in place: the same memory
+    assert compiled.work_spec("op", "max", (out.astype(np.int32),) * 3, refs, 0)[0] == compiled.WORK_OP
+    called = [("op", "max", (out, a, b)),  # float max: NaN and signed zeros are NumPy's
+              ("op", "sum", (out[:5], out[1:], b[:5])),  # overlapping, shifted: NumPy buffers it
+              ("copy", None, (out[::2], a[:3])),  # not contiguous
+              ("op", "sum", (out, a.astype(np.float64), b))]  # mixed dtypes
+    for kind, op, arrays in called:
+        assert compiled.work_spec(kind, op, arrays, refs[:len(arrays)], 0) is None, (kind, op)
 
 
 def test_nothing_but_mpiring_torch_imports_torch():

@@ -1,11 +1,12 @@
-"""Planned collectives (mpiring.engine): a call shape seen twice with the same arrays is recorded
-once and replayed. Replays must give what an unplanned call gives, with new contents in the
-same arrays, across eviction, for persistent requests started many times, and interleaved with
-nonblocking calls; a plan keeps its arrays alive. Replays run in C where the extension was built
-(mpiring.engine.compiled) and in Python otherwise, and send by persistent requests (MPICH's
-default) or by new ones each run (Open MPI's): the tests that take `replay_comm` run all four.
-Device arrays on the direct path (a CUDA-aware MPI) and the staged one are planned too: fake
-ones here (tests/fake_device.py), real ones in tests/test_gpu.py."""
+"""Recorded collectives (mpiring.engine): a host call whose layout comes twice is recorded once
+as a schedule and replayed on whatever arrays of that layout later calls pass; device arrays on
+the direct path (a CUDA-aware MPI) and the staged one are recorded as plans bound to their arrays.
+Replays must give what an unrecorded call gives, with new contents, across eviction, for
+persistent requests started many times, and interleaved with nonblocking calls. They run in C
+where the extension was built (mpiring.engine.compiled) and in Python otherwise: the tests that
+take `replay_comm` run both. Device plans also send by persistent requests (MPICH's default) or
+by new ones each run (Open MPI's). Fake device arrays here (tests/fake_device.py), real ones in
+tests/test_gpu.py. How schedules bind (views, new arrays, eviction): tests/test_schedules.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ import mpiring
 from mpiring.algorithms import ALGORITHMS
 from mpiring.backend import NUMPY
 from mpiring.engine import compiled
-from mpiring.engine.plan import PLANS_KEPT, START, WORK, Plan
+from mpiring.engine.cache import ENTRIES_KEPT
+from mpiring.engine.plan import START, WORK, Plan
+from mpiring.engine.schedule import Schedule
 from mpiring.engine.waiting import YIELD_SECONDS
 
 pytestmark = pytest.mark.mpi
@@ -36,12 +39,7 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 
 
-@pytest.fixture(params=[("compiled", "persistent sends"), ("compiled", "fresh sends"),
-                        ("python", "persistent sends"), ("python", "fresh sends")], ids=" ".join)
-def replay_comm(request, monkeypatch):
-    """A fresh communicator whose plans replay in C (mpiring.engine.compiled) or in Python, and
-    send by persistent requests or by new ones each run (Ring.persistent_sends)."""
-    replay, sends = request.param
+def _communicator(monkeypatch, replay: str, sends: str = "persistent sends"):
     if replay == "compiled" and not compiled.available():  # the same on every rank: one install
         pytest.skip("the C replay was not built (no C compiler at install; test_package says when it must be)")
     monkeypatch.setenv("MPIRING_COMPILED", "1" if replay == "compiled" else "0")
@@ -49,15 +47,26 @@ def replay_comm(request, monkeypatch):
     fresh = mpiring.Communicator()
     fresh.replay = replay
     assert fresh._ring.persistent_sends == (sends == "persistent sends")
+    return fresh
+
+
+@pytest.fixture(params=["compiled", "python"])
+def replay_comm(request, monkeypatch):
+    """A fresh communicator whose schedules and plans replay in C (mpiring.engine.compiled) or in Python."""
+    fresh = _communicator(monkeypatch, request.param)
     yield fresh
     fresh.free()
 
 
-def _assert_replays_in(comm, plan):
-    """The plan replays where `comm` asked for: in C, or (also for pipelined plans) in Python."""
-    assert plan is not None
-    in_c = comm.replay == "compiled" and plan.exchanges is not None
-    assert (plan.compiled is not None) == in_c, (comm.replay, plan.call.collective)
+def _assert_replays_in(comm, recorded, algorithm=None):
+    """The call was recorded, and replays where `comm` asked for: in C, or (device plans whose
+    steps overlap) in Python. Host calls whose steps overlap (the pipelined ring) are not recorded."""
+    if algorithm == "ring_pipelined" and (recorded is None or type(recorded) is Schedule):
+        assert recorded is None, "a pipelined host call cannot be a schedule"
+        return
+    assert recorded is not None
+    in_c = comm.replay == "compiled" and recorded.length is not None
+    assert (recorded.compiled is not None) == in_c, (comm.replay, recorded.call.collective)
 
 
 def _calls(comm, algorithm, seed, rows, empty=np.empty):
@@ -117,6 +126,16 @@ def _calls(comm, algorithm, seed, rows, empty=np.empty):
     return fill, runs, root, planned
 
 
+def algo_of(name, algorithm):
+    return algorithm if algorithm in ALGORITHMS[name] else None
+
+
+def _counts_of(name, rank):
+    if name == "alltoallv":
+        return (tuple((rank + b) % 3 for b in range(N)), tuple((a + rank) % 3 for a in range(N)))
+    return None
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "binomial", "recursive_doubling", "rabenseifner",
                                        "ring_pipelined", "bruck", "recursive_halving", "pairwise",
                                        "scattered", "linear"])
@@ -135,7 +154,9 @@ def test_replays_match_the_oracle_with_new_contents(replay_comm, algorithm, rows
             if seed > 0:  # planned from the second call on: host arrays, layout known to every rank
                 arrays = planned.get(name)
                 if arrays is not None:
-                    _assert_replays_in(comm, comm.plan_of(name, *arrays))
+                    op = {"exscan": "max"}.get(name)
+                    _assert_replays_in(comm, comm.plan_of(name, *arrays, op=op, algorithm=algo_of(name, algorithm),
+                                                          counts=_counts_of(name, RANK)), algo_of(name, algorithm))
 
 
 @pytest.mark.parametrize(("name", "algorithm"), [(name, algorithm) for name in ("scatter", "gather", "broadcast")
@@ -169,25 +190,28 @@ def test_the_own_block_is_copied_while_the_first_messages_are_in_flight(replay_c
             assert got is None
         else:
             assert_same(got, expected, f"{name} {algorithm} call {seed}")
-    [plan] = [plan for plan in comm._plans.table.values() if type(plan) is Plan and plan.call.collective == name]
-    _assert_replays_in(comm, plan)
-    assert plan.exchanges is not None
-    during = [work for exchange in plan.exchanges for work in exchange[5]]
+    [schedule] = [s for s in comm._cache.table.values() if type(s) is Schedule and s.call.collective == name]
+    _assert_replays_in(comm, schedule)
+    during = [work for exchange in schedule.exchanges for work in exchange.during]
     if N > 1 and (RANK == root or name in ("alltoall", "allgather")):  # the copy, in flight with the first step
-        assert len(during) == 1 and plan.exchanges[0][5] and not plan.prologue, (name, algorithm)
+        assert len(during) == 1 and schedule.exchanges[0].during and not schedule.prologue_works, (name, algorithm)
     else:
         assert len(during) <= 1, (name, algorithm)  # (a binomial root alone copies during an empty step)
 
 
-@pytest.fixture(params=["direct", "staged"])
-def device_comm(replay_comm, monkeypatch, request):
-    """replay_comm with fake device arrays (tests/fake_device.py) on the direct path (a CUDA-aware
-    MPI reads them in place) or the staged one (through pinned host memory, with copies that land
-    late): their calls are planned as host ones are. Where plans replay in Python, MPI sits behind
-    a RecordingComm, which refuses a device buffer on the staged path."""
+@pytest.fixture(params=[(replay, sends, path) for replay in ("compiled", "python")
+                        for sends in ("persistent sends", "fresh sends") for path in ("direct", "staged")],
+                ids=" ".join)
+def device_comm(monkeypatch, request):
+    """A communicator with fake device arrays (tests/fake_device.py) on the direct path (a
+    CUDA-aware MPI reads them in place) or the staged one (through pinned host memory, with copies
+    that land late), planned in C or Python, sending by persistent requests or new ones each run.
+    Where plans replay in Python, MPI sits behind a RecordingComm, which refuses a device buffer
+    on the staged path."""
     import mpiring.communicator as communicator
 
-    path = request.param
+    replay, sends, path = request.param
+    replay_comm = _communicator(monkeypatch, replay, sends)
     backend = direct_backend([]) if path == "direct" else staged_backend([], delay=1, segment_bytes=40)
     original = communicator.backend_for
     monkeypatch.setattr(communicator, "backend_for",
@@ -195,7 +219,8 @@ def device_comm(replay_comm, monkeypatch, request):
     if replay_comm.replay == "python":  # (the C replay takes the communicator's MPI handle)
         replay_comm._ring.comm = RecordingComm(replay_comm._ring.comm, [], device_ok=path == "direct")
     replay_comm.device = backend
-    return replay_comm
+    yield replay_comm
+    replay_comm.free()
 
 
 def _assert_device_plan(plan, backend):
@@ -235,9 +260,10 @@ def test_device_replays_match_the_oracle(device_comm, algorithm):
             if backend.staged:  # the plans own their pinned blocks: nothing allocated
                 assert len(backend.engine.pinned_blocks) == pinned
             else:  # every step of every plan synchronized first
-                starts = sum(kind == START for plan in comm._plans.table.values() for kind, _ in plan.actions)
+                starts = sum(kind == START for plan in comm._cache.table.values() if type(plan) is Plan
+                             for kind, _ in plan.actions)
                 assert backend.engine.syncs - syncs == starts
-    plans = [plan for plan in comm._plans.table.values() if type(plan) is Plan]
+    plans = [plan for plan in comm._cache.table.values() if type(plan) is Plan]
     assert len(plans) == len(runs)  # every collective, device arrays and counts given: all planned
     for plan in plans:
         _assert_device_plan(plan, backend)
@@ -268,7 +294,7 @@ def test_device_results_and_persistent_requests(device_comm):
         assert comm.plan_of("allreduce", y) is not None
     out = to_device(np.empty_like(inputs[RANK]))
     request = comm.allreduce_init(x, op="max", out=out)
-    _assert_device_plan(request._plan, backend)
+    _assert_device_plan(request._recorded, backend)
     for seed in range(5):
         inputs = all_inputs(seed, N, x.shape, x.dtype)
         x[...] = inputs[RANK]
@@ -302,20 +328,23 @@ def test_a_device_plan_is_not_replayed_on_another_path(device_comm, monkeypatch)
     other.engine.close()
 
 
-def test_a_repeated_call_is_planned_and_a_fresh_array_is_not(comm):
+def test_a_repeated_layout_is_recorded_and_new_arrays_of_it_replay_it(comm):
     x, out = np.ones(5), np.empty(5)
     comm.allreduce(x, out=out)
-    assert comm.plan_of("allreduce", x, out) is None  # seen once: no plan yet
+    assert comm.plan_of("allreduce", x, out) is None  # seen once: not recorded yet
     comm.allreduce(x, out=out)
-    assert comm.plan_of("allreduce", x, out) is not None
-    for _ in range(3):  # new arrays every call: never planned, and nothing keeps them alive
-        fresh = np.ones(5)
-        comm.allreduce(fresh, out=out)
-        assert comm.plan_of("allreduce", fresh, out) is None
-        ref = weakref.ref(fresh)
-        del fresh
+    schedule = comm.plan_of("allreduce", x, out)
+    assert schedule is not None
+    runs = schedule.runs
+    for k in range(3):  # new arrays every call: the same schedule, and nothing keeps them alive
+        fresh, fresh_out = np.full(5, float(k)), np.empty(5)
+        assert_same(comm.allreduce(fresh, out=fresh_out), np.full(5, float(k * N)), f"call {k}")
+        assert comm.plan_of("allreduce", fresh, fresh_out) is schedule
+        refs = weakref.ref(fresh), weakref.ref(fresh_out)
+        del fresh, fresh_out
         gc.collect()
-        assert ref() is None
+        assert all(ref() is None for ref in refs)
+    assert schedule.runs == runs + 3
 
 
 def test_without_out_each_call_returns_a_new_array(comm):
@@ -340,23 +369,6 @@ def test_shape_reassigned_in_place_rebuilds_the_plan(comm):
     assert_same(got, N * np.arange(6, dtype=np.float64).reshape(2, 3), "after reshaping in place")
 
 
-def test_a_plan_keeps_its_arrays_alive_until_evicted(comm):
-    x, out = np.full(3, 1.0), np.empty(3)
-    for _ in range(3):  # seen, planned, then a cache hit (the C shortcut remembers it)
-        comm.allreduce(x, out=out)
-    ref = weakref.ref(x)
-    address = x.__array_interface__["data"][0]
-    del x
-    gc.collect()
-    assert ref() is not None  # the plan's requests point into it: its memory is not reused
-    newcomer = np.full(3, 2.0)
-    assert newcomer.__array_interface__["data"][0] != address
-    assert_same(comm.allreduce(newcomer, out=out), np.full(3, 2.0 * N), "a new array beside a kept one")
-    _fill_the_cache(comm)
-    gc.collect()
-    assert ref() is None  # evicted: released
-
-
 def test_a_freed_communicator_keeps_no_array_alive():
     comm = mpiring.Communicator()
     x, out = np.full(3, 1.0), np.empty(3)
@@ -370,20 +382,18 @@ def test_a_freed_communicator_keeps_no_array_alive():
 
 
 def _fill_the_cache(comm):
-    arrays = [np.full(2, float(k)) for k in range(PLANS_KEPT + 2)]
-    out = np.empty(2)
+    arrays = [np.full(k + 1, float(k)) for k in range(ENTRIES_KEPT + 2)]  # a layout each
     for a in arrays:
-        comm.allreduce(a, out=out)
-        comm.allreduce(a, out=out)
+        comm.allreduce(a)
+        comm.allreduce(a)
     return arrays
 
 
 def test_eviction_bounds_the_cache_and_keeps_results_right(comm):
     arrays = _fill_the_cache(comm)
-    assert len(comm._plans) <= PLANS_KEPT
-    out = np.empty(2)
-    for k, a in enumerate(arrays):  # the first ones were evicted: rebuilt, the rest replayed
-        assert_same(comm.allreduce(a, out=out), np.full(2, float(k * N)), f"array {k}")
+    assert len(comm._cache) <= ENTRIES_KEPT
+    for k, a in enumerate(arrays):  # the first ones were evicted: recorded again, the rest replayed
+        assert_same(comm.allreduce(a), np.full(k + 1, float(k * N)), f"layout {k}")
 
 
 def test_a_persistent_request_started_many_times(replay_comm):
@@ -523,7 +533,7 @@ def test_persistent_runs_in_c_count_and_give_what_python_runs_do():
             if path == "Python":
                 for made in (request, barrier):
                     made.start, made.wait = made._start_in_python, made._wait_in_python
-            assert inspect.isbuiltin(request.start) is (path == "C" and request._plan.compiled is not None)
+            assert inspect.isbuiltin(request.start) is (path == "C" and request._recorded.compiled is not None)
             calls = comm._ring.calls
             for n in range(5):
                 out[:] = -1
@@ -577,19 +587,23 @@ def test_counts_skip_the_layout_exchange_and_are_checked(comm, algorithm, messag
 
 
 @pytest.mark.skipif(N < 2, reason="needs a rank that stays away")
-@pytest.mark.parametrize("persistent_sends", ["1", "0"])
-def test_a_timed_out_plan_stays_referenced_with_its_buffers(monkeypatch, persistent_sends):
-    """MPI may still write into a timed-out call's buffers: the communicator keeps the plan."""
-    monkeypatch.setenv("MPIRING_PERSISTENT_SENDS", persistent_sends)
+@pytest.mark.parametrize("replay", ["compiled", "python"])
+def test_a_timed_out_schedule_stays_referenced_with_its_arrays(monkeypatch, replay):
+    """MPI may still write into a timed-out call's buffers: the communicator keeps the schedule
+    and the arrays it was bound to."""
+    if replay == "compiled" and not compiled.available():
+        pytest.skip("the C replay was not built")
+    monkeypatch.setenv("MPIRING_COMPILED", "1" if replay == "compiled" else "0")
     fresh = mpiring.Communicator(timeout=0.3)
     x, out = np.ones(4), np.empty(4)
     fresh.allreduce(x, out=out)
-    fresh.allreduce(x, out=out)  # planned
+    fresh.allreduce(x, out=out)  # recorded
     if RANK != N - 1:  # the last rank stays away from the third call
         with pytest.raises(mpiring.CollectiveTimeout):
             fresh.allreduce(x, out=out)
         abandoned = fresh._ring.abandoned
-        assert any(isinstance(a, Plan) and a.x is x and a.out is out for a in abandoned), abandoned
+        held = [item for a in abandoned for item in (a if isinstance(a, tuple) else a.bound_roots())]
+        assert any(a is x for a in held) and any(a is out for a in held), abandoned
         with pytest.raises(mpiring.CommunicatorBrokenError):
             fresh.allreduce(x, out=out)
     WORLD.Barrier()
@@ -625,7 +639,7 @@ def test_a_replay_that_gets_a_wrong_size_raises_naming_the_sender(replay_comm, m
         x, out = np.ones(4), np.empty(4)
         for _ in range(2):
             comm.allreduce(x, out=out, algorithm="recursive_doubling")
-        _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
+        _assert_replays_in(comm, comm.plan_of("allreduce", x, out, algorithm="recursive_doubling"))
         if RANK == 0:
             problem = "received 16 bytes from rank 1 but expected 32" if peer_elements == 2 else (
                 "expected 32 bytes from rank 1 in step 0 but a larger message arrived")
@@ -694,7 +708,7 @@ def test_a_node_short_of_cores_offers_them(monkeypatch):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "rabenseifner"])
 def test_the_compiled_replay_gives_the_bits_of_the_python_replay(monkeypatch, dtype, algorithm):
-    """Copies and float sums the C replay does itself (compiled._work) must give NumPy's bits,
+    """Copies and arithmetic the C replay does itself (compiled.work_spec) must give NumPy's bits,
     on inputs whose sums round (so the order of additions shows)."""
     results = {}
     rng = np.random.default_rng(1234 + RANK)
@@ -708,7 +722,7 @@ def test_the_compiled_replay_gives_the_bits_of_the_python_replay(monkeypatch, dt
             comm.allreduce(x, out=out, algorithm=algorithm)
             if algorithm in ALGORITHMS["reduce_scatter"] or algorithm == "auto":
                 comm.reduce_scatter(x, out=part, algorithm=algorithm)
-        _assert_replays_in(comm, comm.plan_of("allreduce", x, out))
+        _assert_replays_in(comm, comm.plan_of("allreduce", x, out, algorithm=algorithm))
         results[replay] = (out.copy(), part.copy())
         comm.free()
     for got, want in zip(results["compiled"], results["python"], strict=True):

@@ -1,7 +1,9 @@
-"""The C shortcut of a cached blocking call (compiled.shortcut; Shortcut in engine/_replay.c), on
-its own: stand-ins for the plan, ring and communicator, and a real compiled program whose one
-exchange has no messages, so that what it takes, what it counts and what it hands back to Python
-are checked without peers. The MPI tests run it on real plans (test_plans, test_timeouts)."""
+"""The C replay on its own (engine/_replay.c, through mpiring.engine.compiled): a Program built
+from plain data, whose one exchange has no messages, bound to arrays; the Shortcut of a cached
+blocking call, with stand-ins for the ring and communicator; and a persistent request's C
+start() and wait(). What they take, what they count, what they compute and what they hand back
+to Python are checked without peers; the MPI tests run them on real schedules (test_schedules.py,
+test_plans.py, test_timeouts.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,28 @@ import numpy as np
 import pytest
 
 from mpiring.engine import compiled
+from mpiring.engine.schedule import layout_key
 from mpiring.engine.transport import Traffic
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="the C replay was not built")
 
-HOST = object()  # the backend a plan must have to be taken (NUMPY in the Communicator)
 YIELD = 0.01
+X, OUT = 0, 1
 
 
-class StandInPlan:
-    __slots__ = ("compiled", "backend", "x_shape", "x_dtype", "out_shape", "out_dtype", "used", "traffic",
-                 "result", "copy_result")
+def program(works=(), during=(), prologue=(), exchanges=1, roots=(0, 0), owned=(), x_bytes=16, out_bytes=16,
+            allocate=None, result=compiled.RESULT_CODES["out"], traffic=None, schedule=None):
+    """A Program whose exchanges post no message: (handles, request objects, status objects,
+    checks, work after, messages made anew, work in flight)."""
+    spec = (b"", [], (), (), tuple(works), (), tuple(during))
+    traffic = traffic or Traffic(bytes_sent=16, bytes_received=12, messages=2)
+    return compiled._replay.Program(tuple(prologue), (spec,) * exchanges, 0, False, 0, roots, owned, x_bytes,
+                                    out_bytes, allocate, result, traffic, schedule)
+
+
+def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
+    """out <- a op b, done in C (compiled.work_spec's form)."""
+    return (compiled.WORK_OP, compiled.OP_CODES[op], compiled.DTYPE_CODES[np.dtype(dtype)], out, a, b, n, 0)
 
 
 class StandInRing:
@@ -32,162 +45,159 @@ class StandInRing:
         self.calls = 0
         self.in_flight: list = []
         self.traffic = Traffic()
-
-
-class StandInCache:
-    __slots__ = ("table", "removals")  # what the shortcut reads of a PlanCache
-
-    def __init__(self, table: dict) -> None:
-        self.table, self.removals = table, 0
+        self.broken = None
 
 
 class StandInCommunicator:
     timeout: float | None = None
+    _freed = False
 
 
 class Rig:
-    """A shortcut over one stand-in plan for allreduce(x, out=out), and what reached Python."""
+    """A Shortcut over one compiled schedule, allreduce of 4 float32 (out <- x + x), and what
+    reached Python."""
 
-    def __init__(self, work=None) -> None:
-        self.x, self.out = np.ones(4, np.float32), np.zeros(4, np.float32)
-        self.works = []
-        program = compiled._replay.Program((), ((b"", (), (), (work or self._work,), (), ()),), 0)
-        self.plan = plan = StandInPlan()
-        plan.compiled, plan.backend = program, HOST
-        plan.x_shape, plan.x_dtype, plan.out_shape, plan.out_dtype = self.x.shape, self.x.dtype, (4,), self.out.dtype
-        plan.used, plan.traffic = 0, Traffic(bytes_sent=16, bytes_received=12, messages=2)
-        plan.result, plan.copy_result = self.out, None
+    def __init__(self, works=None, out_given=True) -> None:
+        self.x, self.out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        made = []
+        self.made = made
+
+        def allocate():
+            made.append(np.empty(4, np.float32))
+            return made[-1]
+
+        self.program = program(works=works or (add(),), allocate=None if out_given else allocate)
         self.ring, self.communicator = StandInRing(), StandInCommunicator()
-        self.cache = StandInCache({self.key(self.x, self.out): plan})
-        self.table = self.cache.table
+        self.table = {self.key(self.x, self.out if out_given else None): self.program}
         self.in_python, self.after = [], []
-        self.shortcut = compiled.shortcut(self.cache, self.ring, self.communicator, StandInPlan, HOST,
-                                          self._in_python, self._after, YIELD)
+        self.shortcut = compiled.shortcut(self.table, self.ring, self.communicator, self._in_python, self._after,
+                                          YIELD)
 
-    def replace(self, entry) -> None:
-        """What PlanCache does: the entry under the call's key leaves the table, counted."""
-        self.table[self.key(self.x, self.out)] = entry
-        self.cache.removals += 1
+    @staticmethod
+    def key(x, out, op="sum"):
+        return layout_key("allreduce", x, out, op, None, None, "auto")
 
-    def key(self, x, out, op="sum"):
-        return ("allreduce", id(x), id(out), op, None, None, "auto")
-
-    def call(self, x=None, out=None, op="sum", timeout=None):
+    def call(self, x=None, out=None, op="sum", timeout=None, given=True):
         x = self.x if x is None else x
-        out = self.out if out is None else out
+        out = (self.out if out is None else out) if given else None
         return self.shortcut("allreduce", x, out, op, None, None, "auto", timeout)
-
-    def _work(self) -> None:
-        self.works.append(1)
 
     def _in_python(self, *args):
         self.in_python.append(args)
         return "python"
 
-    def _after(self, plan, stopped, spin, error):
-        self.after.append((plan, stopped, spin, error))
+    def _after(self, program, stopped, spin, error):
+        self.after.append((program, stopped, spin, error))
         return "after"
 
 
-def test_a_hit_runs_the_program_and_counts_as_python_does() -> None:
+def test_a_hit_binds_the_arrays_runs_the_program_and_counts_as_python_does() -> None:
     rig = Rig()
     for n in (1, 2, 3):
         assert rig.call() is rig.out
-        assert rig.works == [1] * n and rig.in_python == []
-        assert rig.ring.calls == rig.plan.used == n
+        assert rig.in_python == [] and rig.ring.calls == rig.program.used == n
+        np.testing.assert_array_equal(rig.out, 2 * rig.x)
     assert rig.ring.traffic == Traffic(bytes_sent=48, bytes_received=36, messages=6)
+    assert rig.program.x is None and rig.program.out is None  # unbound after each call: it keeps no array
 
 
-def test_the_last_hit_is_remembered_until_a_plan_leaves_the_cache() -> None:
+def test_any_arrays_of_the_layout_bind_views_and_new_ones_alike() -> None:
     rig = Rig()
-    assert rig.call() is rig.out
-    del rig.table[rig.key(rig.x, rig.out)]  # not counted: the memo still finds the plan
-    assert rig.call() is rig.out and rig.in_python == []
-    rig.cache.removals += 1  # counted (as PlanCache counts): the key is looked up again
-    assert rig.call() == "python"
-    other = StandInPlan()
-    for field in StandInPlan.__slots__:
-        setattr(other, field, getattr(rig.plan, field))
-    other.used, other.result = 0, "the new plan's result"
-    rig.replace(other)
-    assert rig.call() == "the new plan's result"
-    assert rig.call(op="".join(["s", "um"])) == "the new plan's result"  # an equal op, not the same object: the dict
-    assert rig.ring.calls == 4 and other.used == 4
+    for k in range(3):
+        x, out = np.full(4, k + 1.0, np.float32), np.empty(4, np.float32)
+        assert rig.call(x=x, out=out) is out
+        np.testing.assert_array_equal(out, np.full(4, 2 * (k + 1.0)))
+    whole = np.arange(12, dtype=np.float32)
+    view_x, view_out = whole[2:6], whole[8:12]  # views at offsets of one array: bound where they are
+    assert rig.call(x=view_x, out=view_out) is view_out
+    np.testing.assert_array_equal(whole[8:12], 2 * np.arange(2, 6, dtype=np.float32))
+    in_place = np.ones(4, np.float32)  # x is out: another layout key, so not this schedule's
+    assert rig.call(x=in_place, out=in_place) == "python"
 
 
-def test_the_memo_keeps_no_array_alive_once_its_plan_left_the_cache() -> None:
+def test_without_out_each_call_gets_a_new_result() -> None:
+    rig = Rig(out_given=False)
+    first, second = rig.call(given=False), rig.call(given=False)
+    assert first is rig.made[0] and second is rig.made[1] and first is not second
+    np.testing.assert_array_equal(first, 2 * rig.x)
+    np.testing.assert_array_equal(second, 2 * rig.x)
+
+
+@pytest.mark.parametrize("change", ["timeout per call", "another thread", "in flight", "not a program",
+                                    "program released", "unhashable op", "no schedule for the key", "shape",
+                                    "dtype", "strided x", "read-only out", "resized x", "overlap", "subclass",
+                                    "allocate fails"])
+def test_anything_else_goes_to_python_untouched(change: str) -> None:
     rig = Rig()
-    x = rig.x
-    assert rig.call() is rig.out  # remembered: the memo holds x (the stand-in plan does not)
-    gone = weakref.ref(x)
-    del rig.table[rig.key(x, rig.out)]
-    rig.cache.removals += 1
-    rig.x = x = None
-    assert rig.call(x=np.ones(4, np.float32)) == "python"  # any call drops a stale memo
-    rig.in_python.clear()
-    gc.collect()
-    assert gone() is None
-
-
-def test_a_result_the_plan_owns_is_copied() -> None:
-    rig = Rig()
-    rig.plan.copy_result = lambda result: ("copy of", result)
-    assert rig.call() == ("copy of", rig.out)
-
-
-@pytest.mark.parametrize("after_a_hit", [False, True], ids=["cold", "remembered"])
-@pytest.mark.parametrize("change", ["timeout per call", "other arrays", "shape", "dtype", "another thread",
-                                    "in flight", "not a plan", "not compiled", "program released", "device plan",
-                                    "unhashable op", "plan removed"])
-def test_anything_else_goes_to_python_untouched(change: str, after_a_hit: bool) -> None:
-    """Also once the shortcut remembers its last hit: the memo skips the key, never the checks."""
-    rig = Rig()
-    if after_a_hit:
-        assert rig.call() is rig.out
-        rig.works.clear()
-        rig.ring.calls, rig.plan.used = 0, 0
-        rig.ring.traffic.reset()
     call = {}
     if change == "timeout per call":
         call["timeout"] = 5.0
-    elif change == "other arrays":
-        call["x"] = np.ones(4, np.float32)
-    elif change == "shape":
-        rig.plan.x_shape = (2, 2)
-    elif change == "dtype":
-        rig.plan.out_dtype = np.dtype(np.float64)
     elif change == "another thread":
         rig.ring.owner += 1
     elif change == "in flight":
         rig.ring.in_flight.append(object())
-    elif change == "not a plan":
-        rig.replace(object())
-    elif change == "plan removed":
-        del rig.table[rig.key(rig.x, rig.out)]
-        rig.cache.removals += 1
-    elif change == "not compiled":
-        rig.plan.compiled = None
+    elif change == "not a program":
+        rig.table[rig.key(rig.x, rig.out)] = object()
     elif change == "program released":
-        rig.plan.compiled.release()
-    elif change == "device plan":
-        rig.plan.backend = object()
+        rig.program.release()
     elif change == "unhashable op":
         call["op"] = ["sum"]
+    elif change == "no schedule for the key":
+        call["op"] = "max"
+    elif change == "shape":
+        call["x"], call["out"] = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+    elif change == "dtype":
+        call["x"] = np.ones(4, np.float64)
+    elif change == "strided x":  # the same key (dtype and shape), memory that is not contiguous
+        call["x"] = np.ones(8, np.float32)[::2]
+        rig.table[rig.key(call["x"], rig.out)] = rig.program
+    elif change == "read-only out":
+        rig.out.flags.writeable = False
+    elif change == "resized x":  # the key says 4 elements; the schedule was recorded for another size
+        rig.program = program(works=(add(),), x_bytes=32, out_bytes=32)
+        rig.table[rig.key(rig.x, rig.out)] = rig.program
+    elif change == "overlap":
+        whole = np.zeros(6, np.float32)
+        call["x"], call["out"] = whole[:4], whole[2:]
+    elif change == "subclass":
+        call["x"] = rig.x.view(type("Sub", (np.ndarray,), {}))
+    elif change == "allocate fails":
+        rig = Rig(out_given=False)
+        rig.program = program(works=(add(),), allocate=lambda: np.empty(3, np.float32))  # the wrong size
+        rig.table[rig.key(rig.x, None)] = rig.program
+        call["given"] = False
     assert rig.call(**call) == "python"
-    x, out = call.get("x", rig.x), rig.out
+    x = call.get("x", rig.x)
+    out = call.get("out", rig.out) if call.get("given", True) else None
     assert rig.in_python == [("allreduce", x, out, call.get("op", "sum"), None, None, "auto", call.get("timeout"))]
-    assert rig.works == [] and rig.ring.calls == 0 and rig.ring.traffic == Traffic()
+    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic()
+    if change not in ("overlap", "shape", "read-only out"):
+        assert not rig.out.any(), "a miss changed nothing"
 
 
-def test_work_that_raises_is_handed_to_python_with_the_spin() -> None:
+def test_the_shortcut_keeps_no_array_alive() -> None:
+    rig = Rig()
+    x = np.ones(4, np.float32)
+    rig.call(x=x)
+    gone = weakref.ref(x)
+    del x
+    gc.collect()
+    assert gone() is None
+
+
+def test_work_that_raises_is_handed_to_python_with_the_spin_and_the_binding() -> None:
+    seen = []
+
     def failing() -> None:
+        seen.append((rig.program.x, rig.program.out))
         raise ZeroDivisionError("recorded work failed")
 
-    rig = Rig(failing)
+    rig = Rig(works=(failing,))
     assert rig.call() == "after"
-    plan, stopped, spin, error = rig.after[0]
-    assert plan is rig.plan and stopped is None and spin == -1.0  # no timeout: MPI_Waitall
+    program_, stopped, spin, error = rig.after[0]
+    assert program_ is rig.program and stopped is None and spin == -1.0  # no timeout: MPI_Waitall
     assert isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
+    assert seen == [(rig.x, rig.out)]  # work done in Python sees the bound arrays
     rig.communicator.timeout = 5.0
     rig.call()
     assert rig.after[1][2] == YIELD  # the spin is the timeout, at most YIELD
@@ -200,8 +210,82 @@ def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.M
     def in_python(*args):
         return args
 
-    assert compiled.shortcut(StandInCache({}), StandInRing(), StandInCommunicator(), StandInPlan, HOST, in_python, None,
-                             YIELD) is in_python
+    assert compiled.shortcut({}, StandInRing(), StandInCommunicator(), in_python, None, YIELD) is in_python
+
+
+# ---- what a Program computes: exactly NumPy's results ----
+
+OPS_AND_DTYPES = [(op, dtype) for dtype in compiled.DTYPE_CODES for op in compiled.OP_CODES if op != "avg"]
+
+
+@pytest.mark.parametrize(("op", "dtype"), OPS_AND_DTYPES, ids=[f"{op}-{dtype}" for op, dtype in OPS_AND_DTYPES])
+def test_c_arithmetic_is_numpy_s_where_c_does_it(op: str, dtype: np.dtype) -> None:
+    """The ops C does (compiled.exact_in_c, the same table as _replay.c's op_supported) give
+    NumPy's bits, on values that wrap, overflow, are NaN or signed zeros, in place too."""
+    op_code, dtype_code = compiled.OP_CODES[op], compiled.DTYPE_CODES[dtype]
+    assert compiled._replay.supports(op_code, dtype_code) == compiled.exact_in_c(op_code, dtype_code)
+    if not compiled.exact_in_c(op_code, dtype_code) or (op in ("band", "bor", "bxor", "land", "lor", "lxor")
+                                                         and dtype.kind in "fc"):
+        return
+    rng = np.random.default_rng(7)
+    n = 257
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        b = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    elif dtype.kind == "b":
+        a, b = rng.integers(0, 2, n).astype(bool), rng.integers(0, 2, n).astype(bool)
+    else:
+        a = (rng.standard_normal(n) * 1e30).astype(dtype)
+        b = (rng.standard_normal(n) * 1e30).astype(dtype)
+        a[:4] = [np.nan, -0.0, np.inf, 0.0]
+        b[:4] = [1.0, 0.0, -np.inf, -0.0]
+        if dtype.kind == "c":
+            with np.errstate(all="ignore"):
+                a, b = a + 1j * a[::-1], b - 1j * b[::-1]
+    ufunc = getattr(np, {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum", "band": "bitwise_and",
+                         "bor": "bitwise_or", "bxor": "bitwise_xor", "land": "logical_and", "lor": "logical_or",
+                         "lxor": "logical_xor"}[op])
+    with np.errstate(all="ignore"):
+        expected = ufunc(a, b, out=np.empty_like(a))
+    out = np.empty_like(a)
+    owned = (a, b, out)
+    roots = (0, 0, *(array.__array_interface__["data"][0] for array in owned))
+    work = (compiled.WORK_OP, op_code, dtype_code, (4, 0), (2, 0), (3, 0), n, 0)
+    prog = compiled._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, owned, 0, 0,
+                                    None, 0, Traffic(), None)
+    assert prog.run(0, False, -1.0) is None
+    assert out.tobytes() == expected.tobytes(), (op, dtype)
+    in_place = (compiled.WORK_OP, op_code, dtype_code, (2, 0), (2, 0), (3, 0), n, 0)  # a <- a op b
+    prog = compiled._replay.Program((), ((b"", [], (), (), (in_place,), (), ()),), 0, False, 0, roots, owned, 0, 0,
+                                    None, 0, Traffic(), None)
+    assert prog.run(0, False, -1.0) is None
+    assert a.tobytes() == expected.tobytes(), (op, dtype, "in place")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_c_division_is_numpy_s(dtype) -> None:
+    a = (np.random.default_rng(3).standard_normal(100) * 7).astype(dtype)
+    expected = np.true_divide(a, 3, out=np.empty_like(a))
+    work = compiled.work_spec("divide", None, (a, a), ((2, 0), (2, 0)), 3)
+    assert work is not None and work[0] == compiled.WORK_DIVIDE
+    roots = (0, 0, a.__array_interface__["data"][0])
+    prog = compiled._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, (a,), 0, 0,
+                                    None, 0, Traffic(), None)
+    assert prog.run(0, False, -1.0) is None
+    assert a.tobytes() == expected.tobytes()
+
+
+def test_work_c_cannot_do_exactly_stays_with_numpy() -> None:
+    f32, f16, c64 = np.ones(4, np.float32), np.ones(4, np.float16), np.ones(4, np.complex64)
+    refs = ((1, 0), (0, 0), (0, 0))
+    assert compiled.work_spec("op", "min", (f32, f32, f32), refs, 0) is None  # NaN and signed zeros
+    assert compiled.work_spec("op", "sum", (f16, f16, f16), refs, 0) is None
+    assert compiled.work_spec("op", "prod", (c64, c64, c64), refs, 0) is None
+    assert compiled.work_spec("copy", None, (f32, f16), refs[:2], 0) is None  # a conversion
+    big_endian = np.ones(4, ">f4")
+    assert compiled.work_spec("op", "sum", (big_endian,) * 3, refs, 0) is None
+    assert compiled.work_spec("op", "sum", (f32, f32, f32), refs, 0) is not None
 
 
 # ---- a persistent request's start() and wait() in C (compiled.persistent_shortcut) ----
@@ -237,23 +321,19 @@ class StandInCall:
     __slots__ = ("step",)
 
 
-class StandInPersistentPlan:
-    __slots__ = ("compiled", "call", "traffic", "result")
-
-
 class PersistentRig:
     def __init__(self, prologue=(), exchanges=1) -> None:
         self.works = []
         self.request, self.ring, self.communicator = StandInRequest(), StandInRing(), StandInCommunicator()
-        self.communicator._freed = False
-        self.ring.broken = None
-        self.plan = plan = StandInPersistentPlan()
-        # (handles, status objects, checks, work after, sends made anew, work in flight)
-        spec = (b"", (), (), (lambda: self.works.append("after"),), (), (lambda: self.works.append("during"),))
-        plan.compiled = compiled._replay.Program(prologue, (spec,) * exchanges, 0)
-        plan.call, plan.call.step = StandInCall(), 3
-        plan.traffic, plan.result = Traffic(bytes_sent=8, bytes_received=8, messages=2), "the result"
-        self.start, self.wait = compiled.persistent_shortcut(self.request, self.communicator, self.ring, plan, -1.0)
+        self.result = np.zeros(2)
+        self.program = program(works=(lambda: self.works.append("after"),),
+                               during=(lambda: self.works.append("during"),), prologue=prologue, exchanges=exchanges,
+                               traffic=Traffic(bytes_sent=8, bytes_received=8, messages=2))
+        self.program.bind(None, self.result, 0, 0)  # bound for life, as a persistent request's schedule
+        self.call = StandInCall()
+        self.call.step = 3
+        self.start, self.wait = compiled.persistent_shortcut(self.request, self.communicator, self.ring, self.program,
+                                                             self.call, -1.0)
 
 
 def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
@@ -262,12 +342,12 @@ def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
         rig.start()
         assert rig.ring.in_flight == [rig.request] and rig.request._running is True
         # the start did the exchange's work in flight; the wait does the work after it
-        assert rig.request._position == 0 and rig.plan.call.step == 0
+        assert rig.request._position == 0 and rig.call.step == 0
         assert rig.works == ["during", "after"] * (n - 1) + ["during"]
-        assert rig.wait() == "the result"
+        assert rig.wait() is rig.result
         assert rig.ring.in_flight == [] and rig.request._running is False and rig.works == ["during", "after"] * n
     assert rig.ring.calls == 2 and rig.ring.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
-    assert rig.wait() == "the result" and rig.works == ["during", "after"] * 2  # complete already: the result again
+    assert rig.wait() is rig.result and rig.works == ["during", "after"] * 2  # complete already: the result again
     assert rig.request.handed == []
 
 
@@ -275,21 +355,22 @@ def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_a
     order = []
 
     def exchange(n: int) -> tuple:
-        return (b"", (), (), (lambda: order.append(f"after {n}"),), (), (lambda: order.append(f"during {n}"),))
+        return (b"", [], (), (), (lambda: order.append(f"after {n}"),), (), (lambda: order.append(f"during {n}"),))
 
-    program = compiled._replay.Program((lambda: order.append("prologue"),), (exchange(0), exchange(1)), 0)
-    assert program.run(0, False, -1.0) is None
+    made = compiled._replay.Program((lambda: order.append("prologue"),), (exchange(0), exchange(1)), 0, False, 0,
+                                    (0, 0), (), 0, 0, None, 0, Traffic(), None)
+    assert made.run(0, False, -1.0) is None
     assert order == ["prologue", "during 0", "after 0", "during 1", "after 1"]
     order.clear()
-    assert program.start(1) == 0 and order == []  # Python, which started it, does its work in flight
-    assert program.run(1, True, -1.0) is None and order == ["after 1"]
+    assert made.start(1) == 0 and order == []  # Python, which started it, does its work in flight
+    assert made.run(1, True, -1.0) is None and order == ["after 1"]
 
 
 def test_a_program_without_exchanges_is_complete_once_started() -> None:
     rig = PersistentRig(exchanges=0)
     rig.start()
     assert rig.ring.in_flight == [] and rig.request._running is False
-    assert rig.wait() == "the result" and rig.request.handed == []
+    assert rig.wait() is rig.result and rig.request.handed == []
 
 
 @pytest.mark.parametrize("change", ["request freed", "running", "in flight", "another thread", "communicator freed",
@@ -309,10 +390,10 @@ def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> 
     elif change == "ring broken":
         rig.ring.broken = "an earlier call timed out"
     elif change == "program released":
-        rig.plan.compiled.release()
+        rig.program.release()
     rig.start()
     assert rig.request.handed == ["start"]
-    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic() and rig.plan.call.step == 3
+    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic() and rig.call.step == 3
 
 
 @pytest.mark.parametrize("change", ["never started", "failed", "generator run", "another in flight",
@@ -330,7 +411,7 @@ def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> N
     elif change == "another thread":
         rig.ring.owner += 1
     elif change == "program released":
-        rig.plan.compiled.release()
+        rig.program.release()
     assert rig.wait() == "python"
     assert rig.request.handed == ["wait"] and rig.works == ([] if change == "never started" else ["during"])
 
@@ -346,6 +427,15 @@ def test_a_start_whose_work_raises_is_handed_to_python() -> None:
     assert what == "failed" and isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
     assert rig.ring.in_flight == []
 
+
+def test_programs_refuse_data_they_cannot_run() -> None:
+    bad_root = (compiled.WORK_COPY, 0, 0, (5, 0), (0, 0), (-1, 0), 4, 0)
+    with pytest.raises(ValueError, match="no root"):
+        program(works=(bad_root,))
+    min_float = (compiled.WORK_OP, compiled.OP_CODES["min"], compiled.DTYPE_CODES[np.dtype(np.float32)], (1, 0),
+                 (0, 0), (0, 0), 4, 0)
+    with pytest.raises(ValueError, match="cannot do"):
+        program(works=(min_float,))
 
 
 def test_shortcuts_used_before_they_were_made_raise() -> None:

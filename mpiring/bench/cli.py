@@ -46,10 +46,10 @@ def run(options: Options) -> int:
         for algorithm in algorithms_for(name, options.algorithm):
             setup = Setup(algorithm=algorithm, **setup_args)
             for count, nbytes in sweep(row, options, size):
-                result = measure(row, setup, device, p2p, count, nbytes, options, algorithm or default)
-                results.append(result)
-                if reporter:
-                    reporter.add(result)
+                for result in measure(row, setup, device, p2p, count, nbytes, options, algorithm or default):
+                    results.append(result)
+                    if reporter:
+                        reporter.add(result)
     if reporter:
         reporter.finish(options, results)
     p2p.Free()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -48,6 +48,7 @@ class Result:
 
     collective: str
     algorithm: str
+    form: str  # how mpiring was called (table.FORMS)
     ranks: int
     device: str
     dtype: str
@@ -147,9 +148,12 @@ def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p
     (mpiring.engine.executor.MessagesOnly). Calls that are not planned (device buffers) replay
     the ring algorithm's schedule with bare point-to-point calls instead."""
     x = buffers.x if row.name != "scatter" or setup.rank == setup.root else None
-    plan = setup.comm.plan_of(row.name, x, buffers.ours)
-    if plan is not None:
-        return MessagesOnly(plan)
+    counts = {"gather": buffers.counts, "allgather": buffers.counts, "scatter": buffers.counts,
+              "alltoallv": (buffers.counts, buffers.counts)}.get(row.name)  # as table.py's calls pass them
+    recorded = setup.comm.plan_of(row.name, x, buffers.ours, op=setup.op, root=setup.root, counts=counts,
+                                  algorithm=setup.algorithm)
+    if recorded is not None:
+        return MessagesOnly(recorded, x, buffers.ours)
     steps = row.ceiling(setup.size, setup.rank, setup.root, count, itemsize)
     return ceiling_runner(p2p, steps, itemsize, device.native_xp)
 
@@ -183,8 +187,42 @@ def ceiling_runner(
     return replay
 
 
-def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device) -> int:
-    """Elements of mpiring's result on this rank that differ from the native result.
+def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Callable, Callable]:
+    """(mpiring's call, the native call a mpi4py user would write for the same job, mpiring's call
+    returning its result for the check), each taking (setup, buffers), for one form (table.FORMS)."""
+    xp = device.native_xp
+
+    def new_output(b: Buffers) -> Buffers:
+        return replace(b, native=None if b.native is None else xp.empty_like(b.native))
+
+    def new_input(b: Buffers) -> Buffers:
+        copy = None if b.x is None else b.x.copy()
+        return replace(b, x=copy, ours=copy if row.in_place and b.x is b.ours else b.ours)
+
+    def on_the_drop_in(s: Setup, b: Buffers) -> Any:  # mpi4py's call, on mpiring's Communicator
+        return row.native(replace(s, mpi=s.comm), replace(b, native_x=b.x, native=b.ours))
+
+    def into_ours(call: Callable) -> Callable:
+        return lambda s, b: (call(s, b), b.ours)[1]
+
+    if form == "plain":
+        return row.plain, lambda s, b: row.native(s, new_output(b)), row.plain
+    if form == "fresh":
+        def fresh(s: Setup, b: Buffers) -> Any:
+            return row.plain(s, new_input(b))
+
+        def native_fresh(s: Setup, b: Buffers) -> Any:
+            return row.native(s, new_output(replace(b, native_x=None if b.native_x is None else b.native_x.copy())))
+
+        return fresh, native_fresh, fresh
+    if form == "dropin":
+        return on_the_drop_in, row.native, into_ours(on_the_drop_in)
+    return row.ours, row.native, into_ours(row.ours)
+
+
+def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device, result_of: Callable) -> int:
+    """Elements of mpiring's result on this rank (`result_of(setup, buffers)`, the form's call)
+    that differ from the native result.
 
     Collective: every rank runs both calls, also those that get no result (gather off the root).
     """
@@ -193,42 +231,49 @@ def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device)
         buffers.ours.fill(OURS_SENTINEL)
         buffers.native.fill(NATIVE_SENTINEL)
     device.synchronize()
-    row.ours(setup, buffers)
+    ours = result_of(setup, buffers)
     row.native(setup, buffers)
     device.synchronize()
     if not has_result or not row.averaged_over(setup.rank, setup.size):  # exscan's rank 0: undefined
         return 0
-    ours, native = device.to_host(buffers.ours), device.to_host(buffers.native).copy()
+    ours, native = device.to_host(ours), device.to_host(buffers.native).copy()
     if row.reduces and setup.op == AVG:  # the native side summed; divide as mpiring's avg does
         numpy.true_divide(native, row.averaged_over(setup.rank, setup.size), out=native)
-    return int(numpy.count_nonzero(ours != native))
+    return int(numpy.count_nonzero(ours.reshape(native.shape) != native))
 
 
 def measure(
     row: Collective, setup: Setup, device: Device, p2p: MPI.Intracomm, count: int, nbytes: int,
     options: Options, algorithm_label: str,
-) -> Result:
-    """Run one size of one collective (collective over all ranks); every rank gets the Result."""
+) -> list[Result]:
+    """Run one size of one collective in each form asked for (collective over all ranks); every
+    rank gets the Results."""
     sets = [make_buffers(row, setup, device, count, options.dtype) for _ in range(options.rotate)]
     buffers = sets[0]  # the one the check uses
-    ours, native = rotating(row.ours, setup, sets), rotating(row.native, setup, sets)
-    for _ in range(2 * len(sets)):  # a set's second call builds the plan the ceiling replays
+    ours = rotating(row.ours, setup, sets)
+    for _ in range(2 * len(sets)):  # a layout's second call records the schedule the ceiling replays
         ours()
     ceilings = [ceiling(row, setup, b, device, p2p, count, options.dtype.itemsize) for b in sets]
-    calls = (ours, native, rotating(lambda _setup, replay: replay(), setup, ceilings))
+    bare = rotating(lambda _setup, replay: replay(), setup, ceilings)
     try:
-        return _timed(row, setup, device, calls, buffers, nbytes, count, options, algorithm_label)
+        results = []
+        for form in options.forms:
+            mine, theirs, result_of = form_calls(row, device, form)
+            calls = (rotating(mine, setup, sets), rotating(theirs, setup, sets), bare)
+            results.append(_timed(row, setup, device, calls, buffers, nbytes, count, options, algorithm_label,
+                                  form, result_of))
+        return results
     finally:
         for replay in ceilings:
             if isinstance(replay, MessagesOnly):
-                replay.release()  # unpinned: its plan may be evicted again
+                replay.release()  # unpinned: its schedule may be evicted again
 
 
 def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers: Buffers, nbytes: int,
-           count: int, options: Options, algorithm_label: str) -> Result:
+           count: int, options: Options, algorithm_label: str, form: str, result_of: Callable) -> Result:
     """Check, then warm up and time the three calls of one size; every rank gets the Result."""
     world = setup.mpi
-    wrong = count_wrong(row, setup, buffers, device)
+    wrong = count_wrong(row, setup, buffers, device, result_of)
     mine, theirs, bare = timing.time_calls(  # mpiring's, native MPI's, the ceiling's
         world, calls, iters=options.iters, reps=options.reps, warmup=options.warmup, sync=device.synchronize)
     wrong = world.allreduce(wrong, MPI.SUM)
@@ -236,7 +281,7 @@ def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers:
     ours_bw, native_bw, ceiling_bw = (bandwidths(nbytes, t.avg, factor) for t in (mine, theirs, bare))
     us = 1e6
     return Result(
-        collective=row.name, algorithm=algorithm_label, ranks=setup.size, device=device.name,
+        collective=row.name, algorithm=algorithm_label, form=form, ranks=setup.size, device=device.name,
         dtype=options.dtype.name, op=setup.op if row.reduces else None,
         root=setup.root if row.rooted else None, size_bytes=nbytes, count=count, bus_factor=factor,
         time_us=mine.avg * us, time_min_us=mine.min * us, time_max_us=mine.max * us,

@@ -20,6 +20,7 @@ from mpiring.launch import RankZeroArgumentParser
 from mpiring.ops import OPS, SUM, op_problem
 
 COLLECTIVE_NAMES = NAMES
+FORM_NAMES = ("best", "plain", "fresh", "dropin")  # mpiring.bench.table.FORMS says what each is
 PROG = "mpiring-bench"
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -41,6 +42,7 @@ class Options:
     root: int
     device: str
     algorithm: str | None  # None: mpiring's default; "all": every algorithm of each collective
+    forms: tuple[str, ...]  # how mpiring is called (table.FORMS)
     warmup: int
     iters: int
     reps: int
@@ -109,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="host NumPy or GPU CuPy buffers (default cpu)")
     add("-a", "--algorithm", default=None, metavar="NAME",
         help="a name in mpiring.algorithms.ALGORITHMS, auto, or all to sweep every one (default: mpiring's)")
+    add("--form", default="best", choices=(*FORM_NAMES, "all"),
+        help="how mpiring is called, each against the native call a mpi4py user would write: best (the same "
+             "arrays, out= and counts= given), plain (no out= or counts=), fresh (a new input each call), "
+             "dropin (comm.Allreduce(x, y) ...), or all (default best)")
     add("-w", "--warmup", type=_nonnegative_int, default=5, help="untimed iterations per size (default 5)")
     add("-n", "--iters", type=_positive(int), default=20, help="iterations per timed batch (default 20)")
     add("--reps", type=_positive(int), default=5,
@@ -146,6 +152,9 @@ def _check(args: argparse.Namespace) -> Options:
             raise UsageError(f"--op {args.op} with --dtype {dtype}: {problem}")
     if args.algorithm is not None:
         _check_algorithm(args.algorithm, collectives)
+    forms = FORM_NAMES if args.form == "all" else (args.form,)
+    if forms != ("best",) and args.device != "cpu":
+        raise UsageError(f"--form {args.form} runs on host buffers only (--device cpu)")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install matplotlib (or mpiring[bench])")
     for flag in ("csv", "json", "plot"):
@@ -155,7 +164,7 @@ def _check(args: argparse.Namespace) -> Options:
     return Options(
         collectives=tuple(collectives), min_bytes=args.min_bytes, max_bytes=args.max_bytes,
         factor=args.factor, dtype=dtype, op=args.op, root=args.root, device=args.device,
-        algorithm=args.algorithm, warmup=args.warmup, iters=args.iters, reps=args.reps, rotate=args.rotate,
+        algorithm=args.algorithm, forms=forms, warmup=args.warmup, iters=args.iters, reps=args.reps, rotate=args.rotate,
         csv=args.csv, json=args.json, plot=args.plot,
     )
 

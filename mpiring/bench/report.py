@@ -23,6 +23,7 @@ from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.harness import Result
 from mpiring.bench.options import Options, format_bytes
+from mpiring.bench.table import FORMS
 
 FIELDS = [field.name for field in dataclasses.fields(Result)]
 
@@ -113,6 +114,7 @@ def metadata(options: Options, world: MPI.Intracomm, device: Device) -> dict[str
         "device": device.name,
         "native_buffers": device.note,
         "host_pages": host_memory.describe(),
+        "forms": list(options.forms),
         "statistic": timing.describe(options.iters, options.reps, options.warmup)
         + (f"; calls cycle through {options.rotate} buffer sets" if options.rotate > 1 else ""),
         "options": {
@@ -149,15 +151,16 @@ def preamble(meta: dict[str, Any]) -> str:
         f"# host buffers, mpiring's and the MPI library's alike: {meta['host_pages']}",
         "# algbw = S/time, busbw = algbw * bus factor (nccl-tests); ratio = native time / mpiring time "
         "(> 1: mpiring faster);",
-        "# ceiling = the messages of mpiring's plan alone, without its arithmetic (unplanned device calls: the "
+        "# ceiling = the messages of mpiring's schedule alone, without its arithmetic (device calls: the "
         "ring's, as bare Sendrecv); eff = ceiling time / mpiring time; #wrong = elements differing from native",
+        *(f"# form {name}: {FORMS[name]}" for name in meta["forms"]),
     ])
 
 
 def block_header(result_like: dict[str, Any], device: Device) -> str:
     """The line that opens one collective x algorithm block of rows."""
     parts = [f"# {result_like['collective']}", f"algorithm {result_like['algorithm']}",
-             f"dtype {result_like['dtype']}"]
+             f"form {result_like['form']}", f"dtype {result_like['dtype']}"]
     if result_like["op"] is not None:
         parts.append(f"op {result_like['op']}")
     if result_like["root"] is not None:
@@ -198,7 +201,7 @@ def plot(path: str, meta: dict[str, Any], results: list[Result]) -> None:
     rows = -(-len(collectives) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(max(6.0, 4.2 * columns), 3.6 * rows), squeeze=False)
     for ax, name in zip(axes.flat, collectives, strict=False):
-        mine = [r for r in results if r.collective == name]
+        mine = [r for r in results if r.collective == name and r.form == results[0].form]
         for algorithm in dict.fromkeys(r.algorithm for r in mine):
             runs = [r for r in mine if r.algorithm == algorithm]
             ax.plot([r.size_bytes for r in runs], [r.busbw_gbs for r in runs], "o-", ms=3,
@@ -232,12 +235,12 @@ def _size(nbytes: int) -> str:
 
 
 def verdicts(results: list[Result]) -> list[str]:
-    """One line per collective and algorithm: where mpiring beats the MPI library, and by how much."""
-    blocks: dict[tuple[str, str], list[Result]] = {}
+    """One line per collective, algorithm and form: where mpiring beats the MPI library, and by how much."""
+    blocks: dict[tuple[str, str, str], list[Result]] = {}
     for result in results:
-        blocks.setdefault((result.collective, result.algorithm), []).append(result)
+        blocks.setdefault((result.collective, result.algorithm, result.form), []).append(result)
     lines = []
-    for (collective, algorithm), rows in blocks.items():
+    for (collective, algorithm, form), rows in blocks.items():
         wins = [r for r in rows if r.ratio >= 1]
         losses = [r for r in rows if r.ratio < 1]
         parts = []
@@ -249,7 +252,8 @@ def verdicts(results: list[Result]) -> list[str]:
             worst = min(losses, key=lambda r: r.ratio)
             parts.append(f"slower at {len(losses)} of {len(rows)} "
                          f"(worst {1 / worst.ratio:.2f}x slower at {_size(worst.size_bytes)})")
-        lines.append(f"# verdict {collective} ({algorithm}): " + "; ".join(parts))
+        label = algorithm if form == "best" else f"{algorithm}, {form}"
+        lines.append(f"# verdict {collective} ({label}): " + "; ".join(parts))
     return lines
 
 
@@ -260,14 +264,14 @@ class Reporter:
         self.meta = meta
         self.device = device
         self.stream = stream
-        self._block: tuple[str, str] | None = None
+        self._block: tuple[str, str, str] | None = None
         self._print(preamble(meta))
 
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
     def add(self, result: Result) -> None:
-        block = (result.collective, result.algorithm)
+        block = (result.collective, result.algorithm, result.form)
         if block != self._block:
             self._block = block
             self._print(block_header(dataclasses.asdict(result), self.device))

@@ -8,6 +8,7 @@ As in nccl-tests (src/common.h), a collective supplies only its pieces and the h
 - `bus_factor(n)`: busbw = algbw * bus_factor, nccl-tests' factors;
 - `input_elems` / `output_elems`: buffer lengths on this rank (None: no buffer here);
 - `ours` / `native`: one call of mpiring's collective and of mpi4py's own one;
+- `plain`: mpiring's call as a first-time user writes it, without out= and counts= (`FORMS`);
 - `ceiling`: for calls mpiring does not plan (device buffers; planned calls replay their plan's
   own messages instead, mpiring.bench.harness.ceiling), the point-to-point schedule of mpiring's
   ring algorithm for that collective, as a
@@ -109,6 +110,7 @@ class Collective:
     output_elems: Callable[[int, int, bool], int | None]
     ours: Callable[[Setup, Buffers], Any]
     native: Callable[[Setup, Buffers], Any]
+    plain: Callable[[Setup, Buffers], Any]  # ours without out= and counts=: returns the result
     ceiling: CeilingSchedule  # (n, rank, root, count, itemsize) -> steps
     reduces: bool = False  # takes --op
     rooted: bool = False  # takes --root
@@ -210,6 +212,16 @@ def _token_laps(n: int, rank: int, root: int, count: int, itemsize: int) -> list
     return [(None, 0), (0, 0)] + ([(0, None)] if rank != n - 1 else [])
 
 
+# ---- the forms of a call ------------------------------------------------------------------
+
+# What each form of a call is, and the native call a mpi4py user would write for the same job.
+FORMS = {
+    "best": "the same arrays every call, out= and counts= given; native: the same buffers",
+    "plain": "out= and counts= left out, mpiring makes the result; native: a new output array each call",
+    "fresh": "a new input array each call, no out= or counts=; native: a new input copy and a new output",
+    "dropin": "the mpi4py drop-in (comm.Allreduce(x, y) ...) on the same buffers; native: the same call on MPI",
+}
+
 # ---- the table -----------------------------------------------------------------------------
 
 COLLECTIVES: dict[str, Collective] = {
@@ -221,6 +233,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.broadcast(b.x, s.root, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.broadcast(b.x, s.root, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Bcast(_typed(s, b.native), s.root),
             ceiling=_chain,
         ),
@@ -230,6 +243,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c if at_root else None,
             ours=lambda s, b: s.comm.reduce(b.x, s.op, s.root, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.reduce(b.x, s.op, s.root, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Reduce(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op, s.root),
             ceiling=lambda n, r, root, c, _: _shifts(n, _chunks(c, n), r - 1) + _to_root(
                 n, r, root, _chunks(c, n)
@@ -241,6 +255,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.allreduce(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.allreduce(b.x, s.op, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Allreduce(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
             ceiling=lambda n, r, root, c, _: _shifts(n, _chunks(c, n), r - 1) + _shifts(n, _chunks(c, n), r),
         ),
@@ -250,6 +265,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c * n if at_root else None,
             ours=lambda s, b: s.comm.gather(b.x, s.root, out=b.ours, counts=b.counts, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.gather(b.x, s.root, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Gather(_typed(s, b.native_x), _typed(s, b.native), s.root),
             ceiling=lambda n, r, root, c, _: _to_root(n, r, root, [c] * n),
         ),
@@ -259,6 +275,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c * n,
             ours=lambda s, b: s.comm.allgather(b.x, out=b.ours, counts=b.counts, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.allgather(b.x, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Allgather(_typed(s, b.native_x), _typed(s, b.native)),
             ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
         ),
@@ -268,6 +285,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c * n if at_root else None,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.scatter(b.x, s.root, out=b.ours, counts=b.counts, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.scatter(b.x, s.root, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Scatter(_typed(s, b.native_x), _typed(s, b.native), s.root),
             ceiling=lambda n, r, root, c, _: _from_root(n, r, root, [c] * n),
         ),
@@ -277,6 +295,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c * n,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.reduce_scatter(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.reduce_scatter(b.x, s.op, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Reduce_scatter_block(
                 _typed(s, b.native_x), _typed(s, b.native), s.mpi_op
             ),
@@ -288,6 +307,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: None,
             output_elems=lambda c, n, at_root: None,
             ours=lambda s, b: s.comm.barrier(algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.barrier(algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Barrier(),
             ceiling=_token_laps,
         ),
@@ -297,6 +317,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c * n,
             output_elems=lambda c, n, at_root: c * n,
             ours=lambda s, b: s.comm.alltoall(b.x, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.alltoall(b.x, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Alltoall(_typed(s, b.native_x), _typed(s, b.native)),
             ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
         ),
@@ -306,6 +327,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c * n,
             output_elems=lambda c, n, at_root: c * n,
             ours=lambda s, b: s.comm.alltoallv(b.x, b.counts, b.counts, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.alltoallv(b.x, b.counts, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Alltoallv(_typed_v(s, b.native_x, b.counts), _typed_v(s, b.native, b.counts)),
             ceiling=lambda n, r, root, c, _: _shifts(n, [c] * n, r),
         ),
@@ -315,6 +337,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.scan(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.scan(b.x, s.op, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Scan(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
             ceiling=lambda n, r, root, c, size: _chain(n, r, 0, c, size, SCAN_SEGMENT_BYTES),
             averaged_over=lambda rank, n: rank + 1,
@@ -325,6 +348,7 @@ COLLECTIVES: dict[str, Collective] = {
             input_elems=lambda c, n, at_root: c,
             output_elems=lambda c, n, at_root: c,
             ours=lambda s, b: s.comm.exscan(b.x, s.op, out=b.ours, algorithm=s.algorithm),
+            plain=lambda s, b: s.comm.exscan(b.x, s.op, algorithm=s.algorithm),
             native=lambda s, b: s.mpi.Exscan(_typed(s, b.native_x), _typed(s, b.native), s.mpi_op),
             ceiling=lambda n, r, root, c, size: _chain(n, r, 0, c, size, SCAN_SEGMENT_BYTES),
             averaged_over=lambda rank, n: rank,

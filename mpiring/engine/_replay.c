@@ -1,29 +1,33 @@
 /*
- * The compiled replay of a plan's exchanges (wrapped by mpiring/engine/compiled.py).
+ * Schedules replayed in C (wrapped by mpiring/engine/compiled.py).
  *
- *   per exchange:  MPI_Startall ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s
- *                  └──────────── the plan's persistent requests ────────────┘
- *                  ─► byte counts ─► work() (recorded callables)
+ *   per exchange:  post its messages ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s
+ *                  ─► byte counts ─► work (copies and arithmetic on the bound buffers)
  *
- * A small planned call is mostly the cost of crossing from Python into MPI and back a few times
- * per exchange (docs/engine.md, "Where the microseconds"). This runs the same loop as
- * executor.run_exchanges, in C. Anything that needs words or judgement goes back to Python,
- * which carries on at the exchange where this stopped:
+ * A Program is plain data: per exchange, its messages as (root, offset, bytes, peer, tag) and its
+ * work as (kind, op and dtype, operands as (root, offset), length). Roots 0 and 1 are the call's
+ * x and out, bound anew by every call (`bind`, or the Shortcut); the others are buffers the
+ * schedule owns. So one Program serves every call of its layout, whichever arrays it is given:
+ * its messages are posted at base + offset each run, as an MPI library runs its own schedules.
+ * Device plans, bound to their arrays for life, use the same type with persistent requests and
+ * Python callables as work.
+ *
+ * Anything that needs words or judgement goes back to Python, which carries on at the exchange
+ * where this stopped (executor.py and schedule.py, the Python port of this loop):
  *   - an exchange still incomplete after `spin` seconds (a timed call: waiting.poll takes over),
  *   - a receive that got another byte count than expected, or an MPI error (the statuses are
- *     copied into the plan's MPI.Status objects, so Python names the sender as it always does).
- * The recorded work is called as Python would call it, except plain contiguous copies and float32
- * or float64 sums, which compiled.py recognises and this does itself (the same IEEE additions,
- * element by element, as NumPy's: the results are bitwise the same).
+ *     copied into the exchange's MPI.Status objects, so Python names the sender as it always does).
+ * While Python holds an exchange its messages' handles live in the step's MPI.Request objects
+ * (written there whenever C stops, read back when C resumes one Python started).
+ *
+ * Arithmetic done here is exactly NumPy's: integer wrap-around, IEEE single and double additions
+ * and products one element at a time, bool and bitwise and logical ops giving 0 or 1. What could
+ * round differently (float min and max with NaN and signed zeros, complex products and divisions,
+ * float16) stays a call into NumPy.
  *
  * No MPI header is needed: the MPI functions come from the library mpi4py loaded, and the sizes
  * of a request, a status and a datatype handle from mpi4py, so one build serves MPICH and Open
- * MPI alike. The requests are the plan's persistent ones, made by mpi4py: their handles are
- * copied once, since starting or completing a persistent request does not change its handle.
- * A plan whose sends are made anew each run (Ring.persistent_sends false, under Open MPI) has
- * them made here with MPI_Isend; their handles change every run, so while Python holds the
- * exchange (before a run, after it stopped) they are mirrored in the plan's MPI.Request objects:
- * written there after every wait, read back when a run resumes an exchange Python started.
+ * MPI alike.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,70 +42,92 @@ typedef int (*testall_fn)(int, void *, int *, void *);
 typedef int (*waitall_fn)(int, void *, void *);
 typedef int (*get_count_int_fn)(const void *, int, int *);          /* MPICH: MPI_Datatype is an int */
 typedef int (*get_count_pointer_fn)(const void *, void *, int *);   /* Open MPI: a pointer */
-typedef int (*isend_int_fn)(const void *, int, int, int, int, int, void *);
-typedef int (*isend_pointer_fn)(const void *, int, void *, int, int, void *, void *);
+typedef int (*message_int_fn)(void *, int, int, int, int, int, void *);         /* MPI_Isend, MPI_Irecv */
+typedef int (*message_pointer_fn)(void *, int, void *, int, int, void *, void *);
 
 /* What `bind` was given: the MPI library's functions and its handle sizes. */
 static struct {
     startall_fn startall;
     testall_fn testall;
     waitall_fn waitall;
-    void *get_count;
-    void *isend;
+    void *get_count, *isend, *irecv;
     intptr_t byte_type;
     Py_ssize_t request_size, status_size, datatype_size;
+    Py_ssize_t request_offset; /* where an mpi4py Request object keeps its handle */
     int bound;
 } mpi;
 
 /* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
 enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2 };
 
-/* A piece of recorded work: a Python callable, or one the Python side recognised as a plain
-   contiguous copy or float sum, done here without a call into NumPy (compiled.py, `_work`). */
-enum { WORK_CALL = 0, WORK_COPY = 1, WORK_ADD_FLOAT32 = 2, WORK_ADD_FLOAT64 = 3 };
+/* Work: a Python callable, or what this file does itself (compiled.py, `work_spec`). */
+enum { WORK_CALL = 0, WORK_COPY = 1, WORK_OP = 2, WORK_DIVIDE = 3 };
+/* dtypes and ops as compiled.py numbers them */
+enum { D_BOOL, D_INT8, D_INT16, D_INT32, D_INT64, D_UINT8, D_UINT16, D_UINT32, D_UINT64, D_FLOAT32, D_FLOAT64,
+       D_COMPLEX64, D_COMPLEX128, DTYPES };
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_BAND, O_BOR, O_BXOR, O_LAND, O_LOR, O_LXOR, OPS };
 
 typedef struct {
-    int kind;
-    PyObject *callable;        /* WORK_CALL (borrowed: the works tuple owns it) */
-    char *out, *a, *b;         /* WORK_COPY: out <- a; WORK_ADD_*: out <- a + b */
-    Py_ssize_t bytes;
+    int root;          /* -1: `offset` is an absolute address */
+    Py_ssize_t offset; /* bytes from the root's start */
+} Ref;
+
+typedef struct {
+    int kind, op, dtype;
+    PyObject *callable; /* WORK_CALL (borrowed: the works tuple owns it) */
+    Ref out, a, b;      /* WORK_COPY: out <- a; WORK_OP: out <- a op b; WORK_DIVIDE: out <- a / divisor */
+    Py_ssize_t n;       /* WORK_COPY: bytes; else elements */
+    long divisor;
 } Work;
 
-/* A send made anew by every run (MPI_Isend of `bytes` at `buf`): its request is requests[index],
-   mirrored at `object`, where its MPI.Request object keeps its handle. */
+/* A message posted anew by every run at its root's base + offset: its request is requests[index]. */
 typedef struct {
-    int index, bytes, dest, tag;
-    const char *buf;
-    uintptr_t object;
-} FreshSend;
+    int index, receive, bytes, peer, tag;
+    Ref buf;
+} Message;
 
 typedef struct {
-    int count;                 /* requests */
-    int nfresh;                /* the last nfresh requests are sends made anew (`fresh`) */
-    FreshSend *fresh;
+    int count;                 /* requests: the persistent ones first, then `nfresh` made by every run */
+    int nfresh;
+    Message *fresh;
     char *requests;            /* count handles, contiguous */
     char *statuses;            /* count statuses, contiguous */
+    PyObject *request_objects; /* the step's list of MPI.Request: the handles while Python holds them */
     uintptr_t *status_objects; /* per request, where its MPI.Status object keeps its status (0: none) */
     int checks;                /* receives to check */
     int *check_index, *check_bytes;
-    PyObject *works;           /* the work as Python gave it (it keeps the arrays alive) */
+    PyObject *works;           /* the work as Python gave it (it keeps callables and arrays alive) */
     Py_ssize_t nwork;
     Work *work;                /* run once the exchange is complete */
-    PyObject *during_works;    /* as Python gave it */
+    PyObject *during_works;
     Py_ssize_t nduring;
     Work *during;              /* run once its messages are started, before waiting for them */
 } Exchange;
 
 typedef struct {
     PyObject_HEAD
-    intptr_t comm;             /* the communicator's handle: the fresh sends go there */
+    intptr_t comm;             /* the communicator's handle: the messages go there */
     char busy;                 /* spin without offering the core (the node has a core per rank) */
-    PyObject *prologue;        /* as Python gave it */
+    int tag;                   /* the call's tag: a message's tag is this plus its own */
+    Py_ssize_t nroots;
+    char **base;               /* roots: 0 and 1 bound per call (x, out), the rest the schedule's own */
+    PyObject *owned;           /* the owned roots' arrays, kept alive */
+    PyObject *x, *out;         /* the arrays bound now, for work done in Python (None between calls) */
+    Py_ssize_t x_bytes, out_bytes; /* what a bound x and out must hold */
+    PyObject *allocate;        /* makes the result when the call gives no out= (None: out is given) */
+    int result;                /* what a call returns: RESULT_NONE, RESULT_OUT, RESULT_X */
+    PyObject *traffic;         /* what one run hands MPI (a Traffic), for the Shortcut's counting */
+    PyObject *schedule;        /* the Python object this is the C form of */
+    long long used;            /* the call count when it last ran (the cache evicts the least recent) */
+    long long runs;            /* blocking calls that ran it */
+    PyObject *prologue;
     Py_ssize_t nprologue;
     Work *prologue_work;       /* run before a run's first exchange */
     Py_ssize_t length;
     Exchange *exchanges;
 } Program;
+
+enum { RESULT_NONE = 0, RESULT_OUT = 1, RESULT_X = 2 };
 
 static int get_count(const void *status, int *count) {
     if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
@@ -109,28 +135,36 @@ static int get_count(const void *status, int *count) {
     return ((get_count_pointer_fn)mpi.get_count)(status, (void *)mpi.byte_type, count);
 }
 
-static int isend(const FreshSend *f, intptr_t comm, void *request) {
-    if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
-        return ((isend_int_fn)mpi.isend)(f->buf, f->bytes, (int)mpi.byte_type, f->dest, f->tag, (int)comm, request);
-    return ((isend_pointer_fn)mpi.isend)(f->buf, f->bytes, (void *)mpi.byte_type, f->dest, f->tag, (void *)comm,
-                                         request);
+static char *address(const Program *p, Ref ref) {
+    return ref.root < 0 ? (char *)ref.offset : p->base[ref.root] + ref.offset;
 }
 
-/* Start an exchange: its persistent requests, then its fresh sends. */
-static int start_exchange(Exchange *e, intptr_t comm) {
+static int post(const Program *p, const Message *m, void *request) {
+    void *function = m->receive ? mpi.irecv : mpi.isend;
+    char *buf = address(p, m->buf);
+    int tag = p->tag + m->tag;
+    if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
+        return ((message_int_fn)function)(buf, m->bytes, (int)mpi.byte_type, m->peer, tag, (int)p->comm, request);
+    return ((message_pointer_fn)function)(buf, m->bytes, (void *)mpi.byte_type, m->peer, tag, (void *)p->comm,
+                                          request);
+}
+
+/* Start an exchange: its persistent requests, then its messages made anew (receives first, as recorded). */
+static int start_exchange(const Program *p, Exchange *e) {
     int code = 0;
     if (e->count > e->nfresh)
         code = mpi.startall(e->count - e->nfresh, e->requests);
     for (int i = 0; i < e->nfresh && !code; i++)
-        code = isend(&e->fresh[i], comm, e->requests + e->fresh[i].index * mpi.request_size);
+        code = post(p, &e->fresh[i], e->requests + e->fresh[i].index * mpi.request_size);
     return code;
 }
 
-/* The fresh sends' handles to (`out`) or from their MPI.Request objects. */
+/* The fresh messages' handles to (`out`) or from the step's MPI.Request objects. */
 static void mirror(Exchange *e, int out) {
     for (int i = 0; i < e->nfresh; i++) {
-        char *here = e->requests + e->fresh[i].index * mpi.request_size;
-        void *there = (void *)e->fresh[i].object;
+        int index = e->fresh[i].index;
+        char *here = e->requests + index * mpi.request_size;
+        char *there = (char *)PyList_GET_ITEM(e->request_objects, index) + mpi.request_offset;
         if (out)
             memcpy(there, here, mpi.request_size);
         else
@@ -144,21 +178,107 @@ static double seconds_now(void) {
     return (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
 }
 
-static int do_work(const Work *work, Py_ssize_t n) {
+/* ---- arithmetic: out[i] = a[i] op b[i], exactly as NumPy's ufuncs ---- */
+
+#define LOOP(T, EXPR)                                                       \
+    do {                                                                    \
+        T *o = (T *)out;                                                    \
+        const T *x = (const T *)a, *y = (const T *)b;                       \
+        for (Py_ssize_t i = 0; i < n; i++) {                                \
+            T u = x[i], v = y[i];                                           \
+            o[i] = (EXPR);                                                  \
+        }                                                                   \
+    } while (0)
+
+/* integers: + and * wrap (done unsigned: signed overflow is undefined in C) */
+#define INTEGER_OPS(T, U)                                                   \
+    switch (op) {                                                           \
+    case O_SUM: LOOP(T, (T)((U)u + (U)v)); return 0;                        \
+    case O_PROD: LOOP(T, (T)((U)u * (U)v)); return 0;                       \
+    case O_MIN: LOOP(T, u < v ? u : v); return 0;                           \
+    case O_MAX: LOOP(T, u > v ? u : v); return 0;                           \
+    case O_BAND: LOOP(T, u & v); return 0;                                  \
+    case O_BOR: LOOP(T, u | v); return 0;                                   \
+    case O_BXOR: LOOP(T, u ^ v); return 0;                                  \
+    case O_LAND: LOOP(T, (T)((u != 0) && (v != 0))); return 0;              \
+    case O_LOR: LOOP(T, (T)((u != 0) || (v != 0))); return 0;               \
+    case O_LXOR: LOOP(T, (T)((u != 0) != (v != 0))); return 0;              \
+    }                                                                       \
+    return -1
+
+static int op_loop(int op, int dtype, char *out, const char *a, const char *b, Py_ssize_t n) {
+    switch (dtype) {
+    case D_BOOL: /* NumPy's bool add is or, multiply and minimum are and, maximum is or */
+        switch (op) {
+        case O_SUM: case O_MAX: case O_BOR: case O_LOR: LOOP(unsigned char, (u != 0) | (v != 0)); return 0;
+        case O_PROD: case O_MIN: case O_BAND: case O_LAND: LOOP(unsigned char, (u != 0) & (v != 0)); return 0;
+        case O_BXOR: case O_LXOR: LOOP(unsigned char, (u != 0) ^ (v != 0)); return 0;
+        }
+        return -1;
+    case D_INT8: INTEGER_OPS(int8_t, uint8_t);
+    case D_INT16: INTEGER_OPS(int16_t, uint16_t);
+    case D_INT32: INTEGER_OPS(int32_t, uint32_t);
+    case D_INT64: INTEGER_OPS(int64_t, uint64_t);
+    case D_UINT8: INTEGER_OPS(uint8_t, uint8_t);
+    case D_UINT16: INTEGER_OPS(uint16_t, uint16_t);
+    case D_UINT32: INTEGER_OPS(uint32_t, uint32_t);
+    case D_UINT64: INTEGER_OPS(uint64_t, uint64_t);
+    case D_FLOAT32:
+        if (op == O_SUM) { LOOP(float, u + v); return 0; }
+        if (op == O_PROD) { LOOP(float, u * v); return 0; }
+        return -1;
+    case D_FLOAT64:
+        if (op == O_SUM) { LOOP(double, u + v); return 0; }
+        if (op == O_PROD) { LOOP(double, u * v); return 0; }
+        return -1;
+    case D_COMPLEX64: /* a sum of complex numbers is two independent sums */
+        if (op == O_SUM) { n *= 2; LOOP(float, u + v); return 0; }
+        return -1;
+    case D_COMPLEX128:
+        if (op == O_SUM) { n *= 2; LOOP(double, u + v); return 0; }
+        return -1;
+    }
+    return -1;
+}
+
+/* what op_loop does itself: compiled.py asks before recording WORK_OP */
+static int op_supported(int op, int dtype) {
+    if (op < 0 || op >= OPS || dtype < 0 || dtype >= DTYPES)
+        return 0;
+    if (dtype == D_FLOAT32 || dtype == D_FLOAT64)
+        return op == O_SUM || op == O_PROD;
+    if (dtype == D_COMPLEX64 || dtype == D_COMPLEX128)
+        return op == O_SUM;
+    return 1;
+}
+
+static int divide(int dtype, char *out, const char *a, Py_ssize_t n, long divisor) {
+    if (dtype == D_FLOAT32) {
+        float *o = (float *)out, d = (float)divisor;
+        const float *x = (const float *)a;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = x[i] / d;
+        return 0;
+    }
+    if (dtype == D_FLOAT64) {
+        double *o = (double *)out, d = (double)divisor;
+        const double *x = (const double *)a;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = x[i] / d;
+        return 0;
+    }
+    return -1;
+}
+
+static int do_work(const Program *p, const Work *work, Py_ssize_t n) {
     for (Py_ssize_t w = 0; w < n; w++) {
         const Work *k = &work[w];
         if (k->kind == WORK_COPY) {
-            memmove(k->out, k->a, (size_t)k->bytes);
-        } else if (k->kind == WORK_ADD_FLOAT32) {
-            float *out = (float *)k->out;
-            const float *a = (const float *)k->a, *b = (const float *)k->b;
-            for (Py_ssize_t i = 0; i < k->bytes / (Py_ssize_t)sizeof(float); i++)
-                out[i] = a[i] + b[i];
-        } else if (k->kind == WORK_ADD_FLOAT64) {
-            double *out = (double *)k->out;
-            const double *a = (const double *)k->a, *b = (const double *)k->b;
-            for (Py_ssize_t i = 0; i < k->bytes / (Py_ssize_t)sizeof(double); i++)
-                out[i] = a[i] + b[i];
+            memmove(address(p, k->out), address(p, k->a), (size_t)k->n);
+        } else if (k->kind == WORK_OP) {
+            op_loop(k->op, k->dtype, address(p, k->out), address(p, k->a), address(p, k->b), k->n);
+        } else if (k->kind == WORK_DIVIDE) {
+            divide(k->dtype, address(p, k->out), address(p, k->a), k->n, k->divisor);
         } else {
             PyObject *result = PyObject_CallNoArgs(k->callable);
             if (result == NULL)
@@ -169,12 +289,23 @@ static int do_work(const Work *work, Py_ssize_t n) {
     return 0;
 }
 
-static void *address_of(PyObject *number) {
-    return number == Py_None ? NULL : PyLong_AsVoidPtr(number);
+/* ---- building a Program from plain data ---- */
+
+static int parse_ref(PyObject *item, Ref *ref) {
+    return PyArg_ParseTuple(item, "in", &ref->root, &ref->offset) ? 0 : -1;
 }
 
-/* Work from a tuple whose items are callables or (kind, out, a, b, bytes, callable), addresses as ints. */
-static Work *work_init(PyObject *works, Py_ssize_t *n) {
+static int check_ref(const Ref *ref, Py_ssize_t nroots) {
+    if (ref->root >= nroots || ref->root < -1) {
+        PyErr_SetString(PyExc_ValueError, "a reference names no root of its program");
+        return -1;
+    }
+    return 0;
+}
+
+/* Work from a tuple whose items are callables or (kind, op, dtype, out, a, b, n, divisor), each
+   operand a (root, offset) pair. */
+static Work *work_init(PyObject *works, Py_ssize_t *n, Py_ssize_t nroots) {
     *n = PyTuple_GET_SIZE(works);
     Work *work = PyMem_Calloc(*n ? *n : 1, sizeof(Work));
     if (work == NULL) {
@@ -183,29 +314,28 @@ static Work *work_init(PyObject *works, Py_ssize_t *n) {
     }
     for (Py_ssize_t w = 0; w < *n; w++) {
         PyObject *item = PyTuple_GET_ITEM(works, w);
+        Work *k = &work[w];
         if (!PyTuple_Check(item)) {
-            work[w].kind = WORK_CALL;
-            work[w].callable = item;
+            k->kind = WORK_CALL;
+            k->callable = item;
             continue;
         }
         PyObject *out, *a, *b;
-        PyObject *owner; /* the recorded callable: its arrays live as long as the works tuple */
-        if (!PyArg_ParseTuple(item, "iOOOnO", &work[w].kind, &out, &a, &b, &work[w].bytes, &owner) ||
-            work[w].kind < WORK_COPY || work[w].kind > WORK_ADD_FLOAT64) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "unknown kind of work");
-            PyMem_Free(work);
-            return NULL;
-        }
-        work[w].out = address_of(out);
-        work[w].a = address_of(a);
-        work[w].b = address_of(b);
-        if (PyErr_Occurred()) {
-            PyMem_Free(work);
-            return NULL;
+        if (!PyArg_ParseTuple(item, "iiiOOOnl", &k->kind, &k->op, &k->dtype, &out, &a, &b, &k->n, &k->divisor) ||
+            parse_ref(out, &k->out) < 0 || parse_ref(a, &k->a) < 0 || parse_ref(b, &k->b) < 0 ||
+            check_ref(&k->out, nroots) < 0 || check_ref(&k->a, nroots) < 0 || check_ref(&k->b, nroots) < 0)
+            goto fail;
+        if ((k->kind == WORK_OP && !op_supported(k->op, k->dtype)) ||
+            (k->kind == WORK_DIVIDE && k->dtype != D_FLOAT32 && k->dtype != D_FLOAT64) ||
+            k->kind < WORK_COPY || k->kind > WORK_DIVIDE || k->n < 0) {
+            PyErr_SetString(PyExc_ValueError, "work this program cannot do");
+            goto fail;
         }
     }
     return work;
+fail:
+    PyMem_Free(work);
+    return NULL;
 }
 
 static void program_clear(Program *self) {
@@ -213,58 +343,98 @@ static void program_clear(Program *self) {
     PyMem_Free(self->prologue_work);
     self->prologue_work = NULL;
     self->nprologue = 0;
-    if (self->exchanges == NULL)
-        return;
-    for (Py_ssize_t i = 0; i < self->length; i++) {
-        Exchange *e = &self->exchanges[i];
-        PyMem_Free(e->requests);
-        PyMem_Free(e->statuses);
-        PyMem_Free(e->status_objects);
-        PyMem_Free(e->check_index);
-        PyMem_Free(e->check_bytes);
-        PyMem_Free(e->work);
-        PyMem_Free(e->during);
-        PyMem_Free(e->fresh);
-        Py_XDECREF(e->works);
-        Py_XDECREF(e->during_works);
+    if (self->exchanges != NULL) {
+        for (Py_ssize_t i = 0; i < self->length; i++) {
+            Exchange *e = &self->exchanges[i];
+            PyMem_Free(e->requests);
+            PyMem_Free(e->statuses);
+            PyMem_Free(e->status_objects);
+            PyMem_Free(e->check_index);
+            PyMem_Free(e->check_bytes);
+            PyMem_Free(e->work);
+            PyMem_Free(e->during);
+            PyMem_Free(e->fresh);
+            Py_XDECREF(e->works);
+            Py_XDECREF(e->during_works);
+            Py_XDECREF(e->request_objects);
+        }
+        PyMem_Free(self->exchanges);
+        self->exchanges = NULL;
     }
-    PyMem_Free(self->exchanges);
-    self->exchanges = NULL;
     self->length = 0;
+    PyMem_Free(self->base);
+    self->base = NULL;
+    self->nroots = 0;
+    Py_CLEAR(self->owned);
+    Py_CLEAR(self->x);
+    Py_CLEAR(self->out);
+    Py_CLEAR(self->allocate);
+    Py_CLEAR(self->traffic);
+    Py_CLEAR(self->schedule);
+}
+
+static int program_traverse(Program *self, visitproc visit, void *arg) {
+    Py_VISIT(self->prologue);
+    Py_VISIT(self->owned);
+    Py_VISIT(self->x);
+    Py_VISIT(self->out);
+    Py_VISIT(self->allocate);
+    Py_VISIT(self->traffic);
+    Py_VISIT(self->schedule);
+    for (Py_ssize_t i = 0; self->exchanges != NULL && i < self->length; i++) {
+        Py_VISIT(self->exchanges[i].works);
+        Py_VISIT(self->exchanges[i].during_works);
+        Py_VISIT(self->exchanges[i].request_objects);
+    }
+    return 0;
+}
+
+static int program_tp_clear(Program *self) {
+    program_clear(self);
+    return 0;
 }
 
 static void program_dealloc(Program *self) {
+    PyObject_GC_UnTrack(self);
     program_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* One exchange from (handles: bytes, status_objects: tuple of int, checks: tuple of (index, bytes),
-   works: tuple of callables or recognised work, see work_init, fresh: tuple of (index, address,
-   bytes, dest, tag, request object's handle address), the last requests, during: work as `works`,
+/* One exchange from (handles: bytes (its persistent requests), request_objects: the step's list of
+   MPI.Request, status_objects: tuple of int or None, checks: tuple of (index, bytes), works,
+   fresh: tuple of (index, receive, (root, offset), bytes, peer, tag), during: work as `works`,
    done while its messages are in flight). */
-static int exchange_init(Exchange *e, PyObject *spec) {
-    PyObject *handles, *status_objects, *checks, *works, *fresh, *during;
-    if (!PyArg_ParseTuple(spec, "O!O!O!O!O!O!", &PyBytes_Type, &handles, &PyTuple_Type, &status_objects,
-                          &PyTuple_Type, &checks, &PyTuple_Type, &works, &PyTuple_Type, &fresh, &PyTuple_Type,
-                          &during))
+static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
+    PyObject *handles, *request_objects, *status_objects, *checks, *works, *fresh, *during;
+    if (!PyArg_ParseTuple(spec, "O!O!O!O!O!O!O!", &PyBytes_Type, &handles, &PyList_Type, &request_objects,
+                          &PyTuple_Type, &status_objects, &PyTuple_Type, &checks, &PyTuple_Type, &works, &PyTuple_Type,
+                          &fresh, &PyTuple_Type, &during))
         return -1;
-    Py_ssize_t size = PyBytes_GET_SIZE(handles);
-    if (size % mpi.request_size != 0 || PyTuple_GET_SIZE(status_objects) != size / mpi.request_size) {
-        PyErr_SetString(PyExc_ValueError, "handles and status objects disagree");
+    Py_ssize_t persistent = PyBytes_GET_SIZE(handles);
+    e->nfresh = (int)PyTuple_GET_SIZE(fresh);
+    if (persistent % mpi.request_size != 0) {
+        PyErr_SetString(PyExc_ValueError, "handles of a partial request");
         return -1;
     }
-    e->count = (int)(size / mpi.request_size);
+    e->count = (int)(persistent / mpi.request_size) + e->nfresh;
+    if (PyTuple_GET_SIZE(status_objects) != e->count || PyList_GET_SIZE(request_objects) != e->count) {
+        PyErr_SetString(PyExc_ValueError, "requests, request objects and status objects disagree");
+        return -1;
+    }
     e->checks = (int)PyTuple_GET_SIZE(checks);
-    e->requests = PyMem_Malloc(size ? size : 1);
+    e->requests = PyMem_Calloc(e->count ? e->count : 1, mpi.request_size);
     e->statuses = PyMem_Calloc(e->count ? e->count : 1, mpi.status_size);
     e->status_objects = PyMem_Calloc(e->count ? e->count : 1, sizeof(uintptr_t));
     e->check_index = PyMem_Calloc(e->checks ? e->checks : 1, sizeof(int));
     e->check_bytes = PyMem_Calloc(e->checks ? e->checks : 1, sizeof(int));
-    if (!e->requests || !e->statuses || !e->status_objects || !e->check_index || !e->check_bytes) {
+    e->fresh = PyMem_Calloc(e->nfresh ? e->nfresh : 1, sizeof(Message));
+    if (!e->requests || !e->statuses || !e->status_objects || !e->check_index || !e->check_bytes || !e->fresh) {
         PyErr_NoMemory();
         return -1;
     }
-    memcpy(e->requests, PyBytes_AS_STRING(handles), size);
+    memcpy(e->requests, PyBytes_AS_STRING(handles), persistent);
+    Py_INCREF(request_objects);
+    e->request_objects = request_objects;
     for (int i = 0; i < e->count; i++) {
         PyObject *address = PyTuple_GET_ITEM(status_objects, i);
         e->status_objects[i] = address == Py_None ? 0 : (uintptr_t)PyLong_AsUnsignedLongLong(address);
@@ -277,45 +447,43 @@ static int exchange_init(Exchange *e, PyObject *spec) {
             return -1;
         }
     }
-    e->nfresh = (int)PyTuple_GET_SIZE(fresh);
-    e->fresh = PyMem_Calloc(e->nfresh ? e->nfresh : 1, sizeof(FreshSend));
-    if (e->fresh == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
     for (int i = 0; i < e->nfresh; i++) {
-        FreshSend *f = &e->fresh[i];
-        unsigned long long buf, object;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fresh, i), "iKiiiK", &f->index, &buf, &f->bytes, &f->dest, &f->tag,
-                              &object))
+        Message *m = &e->fresh[i];
+        PyObject *buf;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fresh, i), "ipOiii", &m->index, &m->receive, &buf, &m->bytes, &m->peer,
+                              &m->tag) ||
+            parse_ref(buf, &m->buf) < 0 || check_ref(&m->buf, nroots) < 0)
             return -1;
-        if (f->index != e->count - e->nfresh + i || f->bytes < 0 || !object) {
-            PyErr_SetString(PyExc_ValueError, "fresh sends must be the exchange's last requests, in order");
+        if (m->index != e->count - e->nfresh + i || m->bytes < 0) {
+            PyErr_SetString(PyExc_ValueError, "fresh messages must be the exchange's last requests, in order");
             return -1;
         }
-        f->buf = (const char *)(uintptr_t)buf;
-        f->object = (uintptr_t)object;
     }
     if (PyErr_Occurred())
         return -1;
     Py_INCREF(works);
     e->works = works;
-    e->work = work_init(works, &e->nwork);
+    e->work = work_init(works, &e->nwork, nroots);
     if (e->work == NULL)
         return -1;
     Py_INCREF(during);
     e->during_works = during;
-    e->during = work_init(during, &e->nduring);
+    e->during = work_init(during, &e->nduring, nroots);
     return e->during == NULL ? -1 : 0;
 }
 
+/* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
+   traffic, schedule): roots: a tuple of root addresses (0 and 1 placeholders, bound per call). */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
-    PyObject *prologue, *specs;
+    PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
     unsigned long long comm;
-    int busy = 0;
-    static char *names[] = {"prologue", "exchanges", "comm", "busy", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!K|p", names, &PyTuple_Type, &prologue, &PyTuple_Type, &specs,
-                                     &comm, &busy))
+    int busy = 0, tag = 0, result = RESULT_NONE;
+    Py_ssize_t x_bytes = 0, out_bytes = 0;
+    static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
+                            "out_bytes", "allocate", "result", "traffic", "schedule", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO", names, &PyTuple_Type, &prologue, &PyTuple_Type,
+                                     &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes, &out_bytes,
+                                     &allocate, &result, &traffic, &schedule))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -324,9 +492,29 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     program_clear(self);
     self->comm = (intptr_t)comm;
     self->busy = (char)busy;
+    self->tag = tag;
+    self->result = result;
+    self->x_bytes = x_bytes;
+    self->out_bytes = out_bytes;
+    self->nroots = PyTuple_GET_SIZE(roots);
+    self->base = PyMem_Calloc(self->nroots ? self->nroots : 1, sizeof(char *));
+    if (self->base == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < self->nroots; r++)
+        self->base[r] = (char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(roots, r));
+    if (PyErr_Occurred())
+        return -1;
+    self->owned = Py_NewRef(owned);
+    self->x = Py_NewRef(Py_None);
+    self->out = Py_NewRef(Py_None);
+    self->allocate = Py_NewRef(allocate);
+    self->traffic = Py_NewRef(traffic);
+    self->schedule = Py_NewRef(schedule);
     Py_INCREF(prologue);
     self->prologue = prologue;
-    self->prologue_work = work_init(prologue, &self->nprologue);
+    self->prologue_work = work_init(prologue, &self->nprologue, self->nroots);
     if (self->prologue_work == NULL)
         return -1;
     Py_ssize_t length = PyTuple_GET_SIZE(specs);
@@ -337,10 +525,12 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     }
     self->length = length;
     for (Py_ssize_t i = 0; i < length; i++)
-        if (exchange_init(&self->exchanges[i], PyTuple_GET_ITEM(specs, i)) < 0)
+        if (exchange_init(&self->exchanges[i], PyTuple_GET_ITEM(specs, i), self->nroots) < 0)
             return -1;
     return 0;
 }
+
+/* ---- running ---- */
 
 /* Hand exchange `index` back to Python; on a size or MPI error, its statuses go where Python reads them. */
 static PyObject *stopped(const Exchange *e, Py_ssize_t index, int reason, int code) {
@@ -352,31 +542,32 @@ static PyObject *stopped(const Exchange *e, Py_ssize_t index, int reason, int co
 }
 
 /* run(first, started, spin): run exchanges first.. to the end (`started`: the first one's requests
-   already are; a run from the very beginning, first 0 and not started, calls the prologue first). spin < 0: wait without a timeout (MPI_Waitall); else test for at most `spin` seconds,
-   offering the core between tests unless `busy`, as waiting.poll does. Returns None when every exchange is done,
-   else (exchange, reason, code): see the head of this file. */
+   already are; a run from the very beginning, first 0 and not started, does the prologue first).
+   spin < 0: wait without a timeout (MPI_Waitall); else test for at most `spin` seconds, offering
+   the core between tests unless `busy`, as waiting.poll does. Returns None when every exchange is
+   done, else (exchange, reason, code): see the head of this file. */
 static PyObject *run_from(Program *self, Py_ssize_t first, int started, double spin) {
     if (self->exchanges == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "this program was released");
         return NULL;
     }
-    if (first == 0 && !started && do_work(self->prologue_work, self->nprologue) < 0)
+    if (first == 0 && !started && do_work(self, self->prologue_work, self->nprologue) < 0)
         return NULL;
     for (Py_ssize_t index = first; index < self->length; index++) {
         Exchange *e = &self->exchanges[index];
         int code = 0, done = 0;
         if (index > first || !started) {
-            code = start_exchange(e, self->comm);
+            code = start_exchange(self, e);
             if (code) {
                 mirror(e, 1);
                 return stopped(e, index, STOPPED_ERROR, code);
             }
-            if (do_work(e->during, e->nduring) < 0) {  /* a host copy (plan.fuse): it does not fail */
+            if (do_work(self, e->during, e->nduring) < 0) { /* host copies (schedule.fuse): they do not fail */
                 mirror(e, 1);
                 return NULL;
             }
         } else {
-            mirror(e, 0); /* Python started it, and may have seen some of its sends complete */
+            mirror(e, 0); /* Python started it, and may have seen some of its messages complete */
         }
         if (spin < 0) {
             Py_BEGIN_ALLOW_THREADS
@@ -409,7 +600,7 @@ static PyObject *run_from(Program *self, Py_ssize_t first, int started, double s
             if (count != e->check_bytes[i])
                 return stopped(e, index, STOPPED_SIZE, 0);
         }
-        if (do_work(e->work, e->nwork) < 0)
+        if (do_work(self, e->work, e->nwork) < 0)
             return NULL;
     }
     Py_RETURN_NONE;
@@ -428,6 +619,33 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
     return run_from(self, first, started, spin);
 }
 
+/* bind(x, out, x_address, out_address): the arrays a run works on, as Python checked them (the
+   Shortcut binds in C); unbind(): let them go. */
+static PyObject *program_bind(Program *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || self->nroots < 2) {
+        PyErr_SetString(PyExc_TypeError, "bind(x, out, x_address, out_address) on a program with roots");
+        return NULL;
+    }
+    char *x = (char *)PyLong_AsVoidPtr(args[2]), *out = (char *)PyLong_AsVoidPtr(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_XSETREF(self->x, Py_NewRef(args[0]));
+    Py_XSETREF(self->out, Py_NewRef(args[1]));
+    self->base[0] = x;
+    self->base[1] = out;
+    Py_RETURN_NONE;
+}
+
+static void unbind(Program *self) {
+    Py_XSETREF(self->x, Py_NewRef(Py_None));
+    Py_XSETREF(self->out, Py_NewRef(Py_None));
+}
+
+static PyObject *program_unbind(Program *self, PyObject *unused) {
+    unbind(self);
+    Py_RETURN_NONE;
+}
+
 /* start(index): start exchange `index` (for Python, which then does its work in flight and waits for it);
    the MPI error code, 0 if none. */
 static PyObject *program_start(Program *self, PyObject *index_object) {
@@ -439,22 +657,23 @@ static PyObject *program_start(Program *self, PyObject *index_object) {
         return NULL;
     }
     Exchange *e = &self->exchanges[index];
-    int code = start_exchange(e, self->comm);
+    int code = start_exchange(self, e);
     mirror(e, 1);
     return PyLong_FromLong(code);
 }
 
 /* begin(): a run from the very beginning that Python will wait for (a persistent request's
-   start): the prologue, then exchange 0 started and its work in flight done; the MPI error code, 0 if none. */
-static int begin(Program *self) {  /* the MPI error code; -1 if work raised */
-    if (do_work(self->prologue_work, self->nprologue) < 0)
+   start): the prologue, then exchange 0 started and its work in flight done; the MPI error code,
+   -1 if work raised. */
+static int begin(Program *self) {
+    if (do_work(self, self->prologue_work, self->nprologue) < 0)
         return -1;
     if (self->length == 0)
         return 0;
     Exchange *e = &self->exchanges[0];
-    int code = start_exchange(e, self->comm);
+    int code = start_exchange(self, e);
     mirror(e, 1);
-    if (!code && do_work(e->during, e->nduring) < 0)
+    if (!code && do_work(self, e->during, e->nduring) < 0)
         return -1;
     return code;
 }
@@ -473,17 +692,35 @@ static PyObject *program_release(Program *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* supports(op, dtype): whether WORK_OP with these codes is done here (compiled.py asks). */
+static PyObject *supports(PyObject *module, PyObject *args) {
+    int op, dtype;
+    if (!PyArg_ParseTuple(args, "ii", &op, &dtype))
+        return NULL;
+    return PyBool_FromLong(op_supported(op, dtype));
+}
+
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
+    {"bind", (PyCFunction)(void (*)(void))program_bind, METH_FASTCALL,
+     "bind(x, out, x_address, out_address): the arrays roots 0 and 1 are for the next run"},
+    {"unbind", (PyCFunction)program_unbind, METH_NOARGS, "let the bound arrays go"},
     {"start", (PyCFunction)program_start, METH_O, "start(index): start one exchange; the MPI error code"},
-    {"begin", (PyCFunction)program_begin, METH_NOARGS, "begin(): the prologue, then exchange 0 started (and its work in flight done); the MPI error code"},
-    {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles (the plan freed its requests)"},
+    {"begin", (PyCFunction)program_begin, METH_NOARGS,
+     "begin(): the prologue, then exchange 0 started (and its work in flight done); the MPI error code"},
+    {"release", (PyCFunction)program_release, METH_NOARGS, "forget the handles and the buffers"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef program_members[] = {
     {"busy", T_BOOL, offsetof(Program, busy), READONLY, "whether a spin tests without offering the core"},
+    {"tag", T_INT, offsetof(Program, tag), 0, "the call's tag (a message's tag is this plus its own)"},
+    {"used", T_LONGLONG, offsetof(Program, used), 0, "the call count when it last ran"},
+    {"runs", T_LONGLONG, offsetof(Program, runs), 0, "blocking calls that ran it"},
+    {"x", T_OBJECT, offsetof(Program, x), READONLY, "the x bound now (None between calls)"},
+    {"out", T_OBJECT, offsetof(Program, out), READONLY, "the out bound now (None between calls)"},
+    {"schedule", T_OBJECT, offsetof(Program, schedule), READONLY, "the schedule this is the C form of"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -491,66 +728,21 @@ static PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A plan replayed in C: Program(prologue, ((handles, status_objects, checks, works, fresh, during), ...), "
-               "comm, busy=False); work: callables, or (kind, out, a, b, bytes) for copies and float sums",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A schedule or plan replayed in C (compiled.program makes it from plain data)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,
     .tp_dealloc = (destructor)program_dealloc,
+    .tp_traverse = (traverseproc)program_traverse,
+    .tp_clear = (inquiry)program_tp_clear,
     .tp_methods = program_methods,
     .tp_members = program_members,
 };
 
-/*
- * A blocking call whose plan is cached, taken without running Python (communicator.py, `_blocking`).
- *
- *   comm.allreduce(x, out=y) ─► Shortcut(collective, x, out, op, root, counts, algorithm, timeout)
- *       a compiled host plan under the call's key, the same arrays' shapes and dtypes, the
- *       owner thread, nothing in flight, no per-call timeout (and no MPIRING_CHECK: not made then)
- *           yes ─► the call count and traffic, as Python counts them ─► run ─► the plan's result
- *                      └── stopped or raised ─► after(plan, stopped, spin, error): Python carries on
- *           no  ─► in_python(the same arguments): the whole call, as if this were not here
- *
- * It makes the decisions the Python hit path makes, on the same objects, and changes nothing
- * before it has decided: any doubt (an error while looking) is a miss, and Python decides again.
- * A generic attribute lookup costs about as much as the Python it would replace, so the plan's
- * and the traffic counters' fields (__slots__) are read and written at offsets found once, when
- * the shortcut is made; the ring's in-flight list and traffic are objects it is never given anew.
- * The key's tuple and its dict lookup are most of what is left, so the last hit is remembered:
- * the very same arguments, with no plan removed from the cache since (PlanCache.removals), find
- * the same plan without them.
- */
-enum { P_COMPILED, P_BACKEND, P_X_SHAPE, P_X_DTYPE, P_OUT_SHAPE, P_OUT_DTYPE, P_USED, P_TRAFFIC, P_RESULT,
-       P_COPY_RESULT, PLAN_FIELDS };
-static const char *plan_fields[PLAN_FIELDS] = {"compiled", "backend", "x_shape", "x_dtype", "out_shape",
-                                               "out_dtype", "used", "traffic", "result", "copy_result"};
+/* ---- shared helpers of the shortcuts ---- */
+
 static const char *traffic_fields[3] = {"bytes_sent", "bytes_received", "messages"};
-enum { KEY_ARGS = 7 }; /* collective, x, out, op, root, counts, algorithm: what the key is made of */
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *cache;        /* the communicator's PlanCache: its removals date the memo */
-    PyObject *table;        /* its plans by key (cache.table, never replaced) */
-    PyObject *ring;         /* its Ring: owner and calls */
-    PyObject *in_flight;    /* ring.in_flight */
-    PyObject *traffic;      /* ring.traffic */
-    PyObject *communicator; /* its timeout */
-    PyObject *plan_type;    /* Plan: a Sighting is a miss */
-    PyObject *host;         /* the NumPy backend: a device plan is a miss */
-    PyObject *in_python;    /* the call in Python */
-    PyObject *after;        /* where Python takes over a run that stopped or raised */
-    double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
-    Py_ssize_t plan_at[PLAN_FIELDS], traffic_at[3]; /* the fields' offsets in a Plan and a Traffic */
-    Py_ssize_t removals_at; /* and of cache.removals */
-    /* the last hit: its key's arguments (held, so none can be another object at the same address),
-       its plan, and cache.removals then; while no plan has left the cache since, the same
-       arguments find the same plan without the key's tuple and the dict (most calls repeat one) */
-    PyObject *memo[KEY_ARGS], *memo_plan;
-    long long memo_removals;
-} Shortcut;
-
-static PyObject *s_owner, *s_shape, *s_dtype, *s_timeout, *s_calls, *one;
+static PyObject *s_owner, *s_shape, *s_dtype, *s_timeout, *s_calls, *s_freed, *s_broken, *one, *zero;
 
 /* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
 static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
@@ -594,7 +786,7 @@ static PyObject *caught(void) {
 /* total += once, field by field (two Traffic objects; `at`: their fields' offsets). */
 static int add_traffic(PyObject *total, PyObject *once, const Py_ssize_t *at) {
     if (once == NULL || Py_TYPE(once) != Py_TYPE(total)) {
-        PyErr_SetString(PyExc_TypeError, "a plan's traffic is not a Traffic");
+        PyErr_SetString(PyExc_TypeError, "a program's traffic is not a Traffic");
         return -1;
     }
     for (int i = 0; i < 3; i++) {
@@ -632,86 +824,91 @@ static int owned(PyObject *ring) {
     return mine;
 }
 
-/* 1: `array` (None or an array) has the plan's shape and dtype for it; 0: not, or not readable. */
-static int matches(PyObject *array, PyObject *want_shape, PyObject *want_dtype) {
-    if (array == Py_None)
-        return 1;
-    if (want_shape == NULL || want_dtype == NULL)
+/* The program's result after a run: its out, its x, or None (a new reference). */
+static PyObject *result_of(Program *p) {
+    if (p->result == RESULT_OUT)
+        return Py_NewRef(p->out);
+    if (p->result == RESULT_X)
+        return Py_NewRef(p->x);
+    Py_RETURN_NONE;
+}
+
+/*
+ * A blocking host call whose schedule is cached, taken without running Python (communicator.py).
+ *
+ *   comm.allreduce(x, out=y) ─► Shortcut(collective, x, out, op, root, counts, algorithm, timeout)
+ *       the key: (collective, op, root, counts, algorithm, x.dtype, x.shape, out.dtype, out.shape,
+ *       x is out), as mpiring.engine.schedule.layout_key makes it; a compiled schedule under it;
+ *       x and out (where given) NumPy arrays, C-contiguous (out writable), of the schedule's sizes,
+ *       the same array or apart; the owner thread, nothing in flight, no per-call timeout (and no
+ *       MPIRING_CHECK: not made then)
+ *           yes ─► bind them (a new result when out= is not given) ─► the call count and
+ *                  traffic ─► run ─► the result
+ *                      └── stopped or raised ─► after(program, stopped, spin, error): Python carries on
+ *           no  ─► in_python(the same arguments): the whole call, as if this were not here
+ *
+ * It changes nothing before it has decided: any doubt (an error while looking) is a miss, and
+ * Python decides again. Binding reads each array's memory through the buffer protocol, so an
+ * array restrided, resized or made read-only since the last call is seen for what it is now.
+ */
+enum { KEY_ITEMS = 10 };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *table;        /* the compiled schedules by layout key (Engine.compiled, never replaced) */
+    PyObject *ring;         /* owner and calls */
+    PyObject *in_flight;    /* ring.in_flight */
+    PyObject *traffic;      /* ring.traffic */
+    PyObject *communicator; /* its timeout */
+    PyTypeObject *ndarray;  /* numpy.ndarray: only its exact instances are bound here */
+    PyObject *in_python;    /* the call in Python */
+    PyObject *after;        /* where Python takes over a run that stopped or raised */
+    double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
+    Py_ssize_t traffic_at[3];
+} Shortcut;
+
+/* dtype and shape of `array` (new references), None for None; 0 on success, -1 if not an exact ndarray. */
+static int describe(Shortcut *self, PyObject *array, PyObject **dtype, PyObject **shape) {
+    if (array == Py_None) {
+        *dtype = Py_NewRef(Py_None);
+        *shape = Py_NewRef(Py_None);
         return 0;
-    PyObject *shape = PyObject_GetAttr(array, s_shape), *dtype = PyObject_GetAttr(array, s_dtype);
-    int same = shape && dtype && dtype == want_dtype && PyObject_RichCompareBool(shape, want_shape, Py_EQ) == 1;
-    Py_XDECREF(shape);
-    Py_XDECREF(dtype);
-    return same;
-}
-
-static void forget(Shortcut *self) {
-    for (int i = 0; i < KEY_ARGS; i++)
-        Py_CLEAR(self->memo[i]);
-    Py_CLEAR(self->memo_plan);
-}
-
-/* cache.removals; -1 if it is not a count (then no memo holds). Sets no error: it runs with one pending. */
-static long long removals_now(Shortcut *self) {
-    PyObject *removals = FIELD(self->cache, self->removals_at);
-    int overflow = 1;
-    long long now = removals && PyLong_CheckExact(removals) ? PyLong_AsLongLongAndOverflow(removals, &overflow) : -1;
-    return overflow || now < 0 ? -1 : now;
-}
-
-/* Drop a memo whose plan may have left the cache (after each call: nor does it keep the arrays alive longer). */
-static void forget_if_stale(Shortcut *self) {
-    if (self->memo_plan != NULL && removals_now(self) != self->memo_removals)
-        forget(self);
-}
-
-/* The plan the last hit found, if these are its arguments and no plan has left the cache since (borrowed). */
-static PyObject *remembered(Shortcut *self, PyObject *const *args, long long removals) {
-    if (self->memo_plan == NULL || removals != self->memo_removals)
-        return NULL;
-    for (int i = 0; i < KEY_ARGS; i++)
-        if (args[i] != self->memo[i])
-            return NULL;
-    return self->memo_plan;
-}
-
-static void remember(Shortcut *self, PyObject *const *args, PyObject *plan, long long removals) {
-    for (int i = 0; i < KEY_ARGS; i++)
-        Py_XSETREF(self->memo[i], Py_NewRef(args[i]));
-    Py_XSETREF(self->memo_plan, Py_NewRef(plan));
-    self->memo_removals = removals;
-}
-
-/* The plan this call may run (borrowed: the table or the memo holds it), its program and its spin; NULL: a miss. */
-static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, double *spin) {
-    PyObject *x = args[1], *out = args[2];
-    if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight))  /* Python checks a per-call timeout */
-        return NULL;
-    long long removals = removals_now(self);
-    if (removals < 0)
-        return NULL;
-    PyObject *plan = remembered(self, args, removals);
-    if (plan == NULL) {
-        PyObject *x_id = PyLong_FromVoidPtr(x), *out_id = PyLong_FromVoidPtr(out);
-        PyObject *key = x_id && out_id ? PyTuple_Pack(KEY_ARGS, args[0], x_id, out_id, args[3], args[4], args[5],
-                                                      args[6]) : NULL;
-        Py_XDECREF(x_id);
-        Py_XDECREF(out_id);
-        if (key == NULL)
-            return NULL;
-        plan = PyDict_GetItemWithError(self->table, key);  /* unhashable op or counts: an error, a miss */
-        Py_DECREF(key);
-        if (plan == NULL || Py_TYPE(plan) != (PyTypeObject *)self->plan_type)
-            return NULL;
-        remember(self, args, plan, removals);
     }
-    const Py_ssize_t *at = self->plan_at;
-    PyObject *compiled = FIELD(plan, at[P_COMPILED]);
-    if (compiled == NULL || Py_TYPE(compiled) != &ProgramType || ((Program *)compiled)->exchanges == NULL ||
-        FIELD(plan, at[P_BACKEND]) != self->host)
+    if (Py_TYPE(array) != self->ndarray)
+        return -1;
+    *dtype = PyObject_GetAttr(array, s_dtype);
+    *shape = *dtype ? PyObject_GetAttr(array, s_shape) : NULL;
+    if (*shape == NULL) {
+        Py_CLEAR(*dtype);
+        return -1;
+    }
+    return 0;
+}
+
+/* The compiled schedule of this call (borrowed: the table holds it) and its spin; NULL: a miss. */
+static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
+    PyObject *x = args[1], *out = args[2];
+    if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight)) /* Python checks a per-call timeout */
         return NULL;
-    if (!matches(x, FIELD(plan, at[P_X_SHAPE]), FIELD(plan, at[P_X_DTYPE])) ||
-        !matches(out, FIELD(plan, at[P_OUT_SHAPE]), FIELD(plan, at[P_OUT_DTYPE])))
+    PyObject *items[KEY_ITEMS] = {args[0], args[3], args[4], args[5], args[6], NULL, NULL, NULL, NULL,
+                                  x == out && x != Py_None ? Py_True : Py_False};
+    if (describe(self, x, &items[5], &items[6]) < 0)
+        return NULL;
+    if (describe(self, out, &items[7], &items[8]) < 0) {
+        Py_DECREF(items[5]);
+        Py_DECREF(items[6]);
+        return NULL;
+    }
+    PyObject *key = PyTuple_New(KEY_ITEMS);
+    for (int i = 0; key != NULL && i < KEY_ITEMS; i++)
+        PyTuple_SET_ITEM(key, i, i >= 5 && i < 9 ? items[i] : Py_NewRef(items[i]));
+    if (key == NULL)
+        for (int i = 5; i < 9; i++)
+            Py_DECREF(items[i]);
+    PyObject *found = key ? PyDict_GetItemWithError(self->table, key) : NULL; /* unhashable: an error, a miss */
+    Py_XDECREF(key);
+    if (found == NULL || Py_TYPE(found) != &ProgramType || ((Program *)found)->exchanges == NULL)
         return NULL;
     PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
     if (timeout == NULL)
@@ -722,135 +919,142 @@ static PyObject *hit(Shortcut *self, PyObject *const *args, Program **program, d
         *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
     }
     Py_DECREF(timeout);
-    if (PyErr_Occurred())
-        return NULL;
-    *program = (Program *)compiled;
-    return plan;
+    return PyErr_Occurred() ? NULL : (Program *)found;
 }
 
-/* ring.calls = plan.used = ring.calls + 1, and ring.traffic += plan.traffic, as the Python hit path does. */
-static int count_call(Shortcut *self, PyObject *plan) {
-    PyObject *now = next_call(self->ring);
+/* The address of `array`'s memory if it is C-contiguous (and writable, if asked) and holds
+   `bytes`; NULL (an error set) if not. */
+static char *memory_of(PyObject *array, Py_ssize_t bytes, int writable) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(array, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return NULL;
+    char *start = view.buf;
+    Py_ssize_t length = view.len;
+    PyBuffer_Release(&view); /* the caller holds the array for the whole call */
+    if (length != bytes) {
+        PyErr_SetString(PyExc_ValueError, "an array of another size than its schedule's");
+        return NULL;
+    }
+    return start;
+}
+
+/* Bind x and out (or a new result) to the program; 0, or -1 (an error set) on a miss. */
+static int bind_call(Program *p, PyObject *x, PyObject *out) {
+    char *x_memory = NULL, *out_memory = NULL;
+    PyObject *result = NULL;
+    if (x != Py_None && (x_memory = memory_of(x, p->x_bytes, 0)) == NULL)
+        return -1;
+    if (out == Py_None && p->allocate != Py_None) {
+        result = PyObject_CallNoArgs(p->allocate);
+        if (result == NULL || (out_memory = memory_of(result, p->out_bytes, 1)) == NULL) {
+            Py_XDECREF(result);
+            return -1;
+        }
+    } else if (out != Py_None) {
+        if ((out_memory = memory_of(out, p->out_bytes, 1)) == NULL)
+            return -1;
+        if (x != out && x_memory && p->x_bytes && p->out_bytes && x_memory < out_memory + p->out_bytes &&
+            out_memory < x_memory + p->x_bytes) {
+            PyErr_SetString(PyExc_ValueError, "x and out overlap without being the same array");
+            return -1;
+        }
+        result = Py_NewRef(out);
+    }
+    Py_XSETREF(p->x, Py_NewRef(x));
+    Py_XSETREF(p->out, result ? result : Py_NewRef(Py_None));
+    p->base[0] = x_memory;
+    p->base[1] = out_memory;
+    return 0;
+}
+
+/* program.used = ring.calls = ring.calls + 1, and ring.traffic += program.traffic, as Python counts a call. */
+static int count_call(PyObject *ring, PyObject *total, const Py_ssize_t *at, Program *p) {
+    PyObject *now = next_call(ring);
     if (now == NULL)
         return -1;
-    set_field(plan, self->plan_at[P_USED], now);
+    p->used = PyLong_AsLongLong(now);
+    p->runs++;
     Py_DECREF(now);
-    return add_traffic(self->traffic, FIELD(plan, self->plan_at[P_TRAFFIC]), self->traffic_at);
+    return PyErr_Occurred() ? -1 : add_traffic(total, p->traffic, at);
 }
 
 static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     double spin = -1.0;
     Program *program = NULL;
-    PyObject *plan = NULL, *result = NULL;
+    PyObject *result = NULL;
     if (self->in_python == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Shortcut called before it was made (__init__)");
         return NULL;
     }
     if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
-        plan = hit(self, args, &program, &spin);
+        program = hit(self, args, &spin);
+        if (program != NULL && (program->nroots < 2 || bind_call(program, args[1], args[2]) < 0))
+            program = NULL;
         PyErr_Clear();
     }
-    if (plan == NULL) {
-        result = PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
-        forget_if_stale(self);
-        return result;
-    }
-    Py_INCREF(plan);
-    Py_INCREF(program);  /* a work callable could drop both from the table */
-    PyObject *stopped = count_call(self, plan) == 0 ? run_from(program, 0, 0, spin) : NULL;
+    if (program == NULL)
+        return PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
+    Py_INCREF(program); /* a work callable could drop it from the table */
+    PyObject *stopped = count_call(self->ring, self->traffic, self->traffic_at, program) == 0
+                            ? run_from(program, 0, 0, spin) : NULL;
     if (stopped == Py_None) {
-        PyObject *value = FIELD(plan, self->plan_at[P_RESULT]), *copy = FIELD(plan, self->plan_at[P_COPY_RESULT]);
-        if (value == NULL || copy == NULL)
-            PyErr_SetString(PyExc_AttributeError, "a plan's result is unset");
-        else
-            result = copy == Py_None ? Py_NewRef(value) : PyObject_CallOneArg(copy, value);
+        result = result_of(program);
     } else {
         PyObject *error = stopped == NULL ? caught() : NULL; /* recorded work raised: Python raises it */
         PyObject *spin_object = PyFloat_FromDouble(spin);
         if (spin_object != NULL)
-            result = PyObject_CallFunctionObjArgs(self->after, plan, stopped ? stopped : Py_None, spin_object,
-                                                  error ? error : Py_None, NULL);
+            result = PyObject_CallFunctionObjArgs(self->after, (PyObject *)program, stopped ? stopped : Py_None,
+                                                  spin_object, error ? error : Py_None, NULL);
         Py_XDECREF(spin_object);
         Py_XDECREF(error);
     }
     Py_XDECREF(stopped);
+    unbind(program);
     Py_DECREF(program);
-    Py_DECREF(plan);
-    forget_if_stale(self);  /* work or Python's after() may have cleared the cache */
     return result;
 }
 
 static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
-    PyObject *cache, *ring, *communicator, *plan_type, *host, *in_python, *after;
+    PyObject *table, *ring, *communicator, *ndarray, *in_python, *after;
     double yield_seconds;
-    static char *names[] = {"cache", "ring", "communicator", "plan_type", "host", "in_python", "after",
-                            "yield_seconds", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!OOOd", names, &cache, &ring, &communicator, &PyType_Type,
-                                     &plan_type, &host, &in_python, &after, &yield_seconds))
+    static char *names[] = {"table", "ring", "communicator", "ndarray", "in_python", "after", "yield_seconds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOd", names, &PyDict_Type, &table, &ring, &communicator,
+                                     &PyType_Type, &ndarray, &in_python, &after, &yield_seconds))
         return -1;
-    PyObject *table = PyObject_GetAttrString(cache, "table");
-    PyObject *in_flight = table ? PyObject_GetAttrString(ring, "in_flight") : NULL;
+    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
     PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
-    if (traffic == NULL || !PyDict_CheckExact(table) || !PyList_CheckExact(in_flight)) {
-        if (traffic != NULL)
-            PyErr_SetString(PyExc_TypeError, "cache.table must be a dict and ring.in_flight a list");
-        Py_XDECREF(table);
-        Py_XDECREF(in_flight);
-        Py_XDECREF(traffic);
-        return -1;
+    int ok = traffic != NULL;
+    if (ok && !PyList_CheckExact(in_flight)) {
+        PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
+        ok = 0;
     }
-    if ((self->removals_at = slot_offset(Py_TYPE(cache), "removals")) < 0)
-        goto fail;
-    if (offsets_of((PyTypeObject *)plan_type, plan_fields, PLAN_FIELDS, self->plan_at) < 0 ||
-        offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) < 0)
-        goto fail;
-    PyObject **slots[] = {&self->cache, &self->table, &self->ring, &self->in_flight, &self->traffic,
-                          &self->communicator, &self->plan_type, &self->host, &self->in_python, &self->after};
-    PyObject *given[] = {cache, table, ring, in_flight, traffic, communicator, plan_type, host, in_python, after};
-    for (int i = 0; i < 10; i++)
-        Py_XSETREF(*slots[i], Py_NewRef(given[i]));
-    forget(self);
-    self->yield_seconds = yield_seconds;
-    Py_DECREF(table);
-    Py_DECREF(in_flight);
-    Py_DECREF(traffic);
-    return 0;
-fail:
-    Py_DECREF(table);
-    Py_DECREF(in_flight);
-    Py_DECREF(traffic);
-    return -1;
+    ok = ok && offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0;
+    if (ok) {
+        PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
+                              (PyObject **)&self->ndarray, &self->in_python, &self->after};
+        PyObject *given[] = {table, ring, in_flight, traffic, communicator, ndarray, in_python, after};
+        for (int i = 0; i < 8; i++)
+            Py_XSETREF(*slots[i], Py_NewRef(given[i]));
+        self->yield_seconds = yield_seconds;
+    }
+    Py_XDECREF(in_flight);
+    Py_XDECREF(traffic);
+    return ok ? 0 : -1;
 }
 
 static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
-    Py_VISIT(self->cache);
-    Py_VISIT(self->table);
-    Py_VISIT(self->ring);
-    Py_VISIT(self->in_flight);
-    Py_VISIT(self->traffic);
-    Py_VISIT(self->communicator);
-    Py_VISIT(self->plan_type);
-    Py_VISIT(self->host);
-    Py_VISIT(self->in_python);
-    Py_VISIT(self->after);
-    for (int i = 0; i < KEY_ARGS; i++)
-        Py_VISIT(self->memo[i]);
-    Py_VISIT(self->memo_plan);
+    PyObject *held[] = {self->table, self->ring, self->in_flight, self->traffic, self->communicator,
+                        (PyObject *)self->ndarray, self->in_python, self->after};
+    for (int i = 0; i < 8; i++)
+        Py_VISIT(held[i]);
     return 0;
 }
 
 static int shortcut_clear(Shortcut *self) {
-    forget(self);
-    Py_CLEAR(self->cache);
-    Py_CLEAR(self->table);
-    Py_CLEAR(self->ring);
-    Py_CLEAR(self->in_flight);
-    Py_CLEAR(self->traffic);
-    Py_CLEAR(self->communicator);
-    Py_CLEAR(self->plan_type);
-    Py_CLEAR(self->host);
-    Py_CLEAR(self->in_python);
-    Py_CLEAR(self->after);
+    PyObject **held[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
+                         (PyObject **)&self->ndarray, &self->in_python, &self->after};
+    for (int i = 0; i < 8; i++)
+        Py_CLEAR(*held[i]);
     return 0;
 }
 
@@ -872,18 +1076,16 @@ static PyTypeObject ShortcutType = {
     .tp_name = "mpiring.engine._replay.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Shortcut(cache, ring, communicator, plan_type, host, in_python, after, yield_seconds): a blocking "
-              "call's cache hit run in C; called with in_python's arguments (collective, x, out, op, root, counts, "
-              "algorithm, timeout)",
+    .tp_doc = "Shortcut(table, ring, communicator, ndarray, in_python, after, yield_seconds): a blocking call "
+              "whose schedule is compiled and cached, run without entering Python",
     .tp_new = shortcut_new,
     .tp_init = (initproc)shortcut_init,
     .tp_dealloc = (destructor)shortcut_dealloc,
     .tp_traverse = (traverseproc)shortcut_traverse,
     .tp_clear = (inquiry)shortcut_clear,
-    .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
     .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Shortcut, vectorcall),
 };
-
 
 /*
  * A persistent request's start() and wait() in C (executor.PersistentRequest, compiled.persistent_shortcut).
@@ -894,12 +1096,12 @@ static PyTypeObject ShortcutType = {
  *                  └── an MPI error or raising work ─► failed_start(code or error): Python raises
  *       no  ─► start_in_python()
  *   req.wait() ─► started, no error, and complete or alone in flight, from the owner thread
- *       yes ─► the rest of the run ─► the plan's result
+ *       yes ─► the rest of the run ─► the program's result
  *                  └── stopped waiting, a wrong size, an MPI error ─► resume_wait(stopped)
  *       no  ─► wait_in_python()
  *
- * As the Shortcut does for a blocking call: the same decisions and state changes as the Python
- * methods' lean paths, the request's, plan's and call's fields at slot offsets found once.
+ * The same decisions and state changes as the Python methods' lean paths; the request's own
+ * fields at slot offsets found once. The program stays bound to the request's arrays for life.
  */
 enum { R_FREED, R_RUNNING, R_ERROR, R_POSITION, R_RUN, REQUEST_FIELDS };
 static const char *request_fields[REQUEST_FIELDS] = {"_freed", "_running", "_error", "_position", "_run"};
@@ -908,13 +1110,11 @@ static const char *handler_names[HANDLERS] = {"_start_in_python", "_wait_in_pyth
 
 typedef struct {
     PyObject_HEAD
-    PyObject *request, *communicator, *ring, *in_flight, *traffic, *plan, *program, *call;
+    PyObject *request, *communicator, *ring, *in_flight, *traffic, *program, *call;
     PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
     double spin;                  /* as PersistentRequest._spin */
-    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], plan_traffic_at, plan_result_at, step_at;
+    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], step_at;
 } Persistent;
-
-static PyObject *s_freed, *s_broken, *zero;
 
 /* The communicator not freed and its ring not broken (Communicator._usable); 0 also if unreadable. */
 static int usable(Persistent *self) {
@@ -954,7 +1154,7 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
     set_field(self->call, self->step_at, zero);
     set_field(request, at[R_RUNNING], Py_True);
     set_field(request, at[R_ERROR], Py_None);
-    if (add_traffic(self->traffic, FIELD(self->plan, self->plan_traffic_at), self->traffic_at) < 0)
+    if (add_traffic(self->traffic, program->traffic, self->traffic_at) < 0)
         return NULL;
     set_field(request, at[R_POSITION], zero);
     int code = begin(program);
@@ -992,7 +1192,7 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
             return NULL;
         set_field(request, at[R_RUNNING], Py_False);
         PyObject *stopped = run_from(program, (Py_ssize_t)position, 1, self->spin);
-        if (stopped == NULL)  /* recorded work raised: as in Python, the error goes to the caller */
+        if (stopped == NULL) /* recorded work raised: as in Python, the error goes to the caller */
             return NULL;
         if (stopped != Py_None) {
             PyObject *result = PyObject_CallOneArg(self->handlers[RESUME_WAIT], stopped);
@@ -1001,40 +1201,34 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
         }
         Py_DECREF(stopped);
     }
-    PyObject *result = FIELD(self->plan, self->plan_result_at);
-    if (result == NULL)
-        PyErr_SetString(PyExc_AttributeError, "a plan's result is unset");
-    return Py_XNewRef(result);
+    return result_of(program);
 }
 
 static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
-    PyObject *request, *communicator, *ring, *plan;
+    PyObject *request, *communicator, *ring, *program, *call;
     double spin;
-    static char *names[] = {"request", "communicator", "ring", "plan", "spin", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOd", names, &request, &communicator, &ring, &plan, &spin))
+    static char *names[] = {"request", "communicator", "ring", "program", "call", "spin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!Od", names, &request, &communicator, &ring, &ProgramType,
+                                     &program, &call, &spin))
         return -1;
-    PyObject *program = PyObject_GetAttrString(plan, "compiled");
-    PyObject *call = program ? PyObject_GetAttrString(plan, "call") : NULL;
-    PyObject *in_flight = call ? PyObject_GetAttrString(ring, "in_flight") : NULL;
+    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
     PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
     PyObject *handlers[HANDLERS] = {NULL};
     int ok = traffic != NULL;
-    if (ok && (Py_TYPE(program) != &ProgramType || !PyList_CheckExact(in_flight))) {
-        PyErr_SetString(PyExc_TypeError, "plan.compiled must be a Program and ring.in_flight a list");
+    if (ok && !PyList_CheckExact(in_flight)) {
+        PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
         ok = 0;
     }
     ok = ok && offsets_of(Py_TYPE(request), request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
          offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0 &&
-         (self->plan_traffic_at = slot_offset(Py_TYPE(plan), "traffic")) >= 0 &&
-         (self->plan_result_at = slot_offset(Py_TYPE(plan), "result")) >= 0 &&
          (self->step_at = slot_offset(Py_TYPE(call), "step")) >= 0;
     for (int i = 0; ok && i < HANDLERS; i++)
         ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
     if (ok) {
         PyObject **slots[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
-                              &self->plan, &self->program, &self->call};
-        PyObject *given[] = {request, communicator, ring, in_flight, traffic, plan, program, call};
-        for (int i = 0; i < 8; i++)
+                              &self->program, &self->call};
+        PyObject *given[] = {request, communicator, ring, in_flight, traffic, program, call};
+        for (int i = 0; i < 7; i++)
             Py_XSETREF(*slots[i], Py_NewRef(given[i]));
         for (int i = 0; i < HANDLERS; i++)
             Py_XSETREF(self->handlers[i], Py_NewRef(handlers[i]));
@@ -1042,17 +1236,15 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
     }
     for (int i = 0; i < HANDLERS; i++)
         Py_XDECREF(handlers[i]);
-    Py_XDECREF(program);
-    Py_XDECREF(call);
     Py_XDECREF(in_flight);
     Py_XDECREF(traffic);
     return ok ? 0 : -1;
 }
 
 static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
-    PyObject *held[] = {self->request, self->communicator, self->ring, self->in_flight, self->traffic, self->plan,
-                        self->program, self->call};
-    for (int i = 0; i < 8; i++)
+    PyObject *held[] = {self->request, self->communicator, self->ring, self->in_flight, self->traffic, self->program,
+                        self->call};
+    for (int i = 0; i < 7; i++)
         Py_VISIT(held[i]);
     for (int i = 0; i < HANDLERS; i++)
         Py_VISIT(self->handlers[i]);
@@ -1061,8 +1253,8 @@ static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
 
 static int persistent_clear(Persistent *self) {
     PyObject **held[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
-                         &self->plan, &self->program, &self->call};
-    for (int i = 0; i < 8; i++)
+                         &self->program, &self->call};
+    for (int i = 0; i < 7; i++)
         Py_CLEAR(*held[i]);
     for (int i = 0; i < HANDLERS; i++)
         Py_CLEAR(self->handlers[i]);
@@ -1086,8 +1278,8 @@ static PyTypeObject PersistentType = {
     .tp_name = "mpiring.engine._replay.PersistentShortcut",
     .tp_basicsize = sizeof(Persistent),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "PersistentShortcut(request, communicator, ring, plan, spin): a planned persistent request's "
-              "start() and wait() in C where its lean path holds, else its own methods",
+    .tp_doc = "PersistentShortcut(request, communicator, ring, program, call, spin): a compiled persistent "
+              "request's start() and wait() in C where its lean path holds, else its own methods",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)persistent_init,
     .tp_dealloc = (destructor)persistent_dealloc,
@@ -1096,15 +1288,16 @@ static PyTypeObject PersistentType = {
     .tp_methods = persistent_methods,
 };
 
-/* bind(startall, testall, waitall, get_count, isend, request_size, status_size, datatype_size, byte_type);
-   a communicator's handle has the datatype's size (compiled.py checks). */
+/* bind(startall, testall, waitall, get_count, isend, irecv, request_size, status_size, datatype_size,
+   request_offset, byte_type); a communicator's handle has the datatype's size (compiled.py checks). */
 static PyObject *bind(PyObject *module, PyObject *args) {
-    unsigned long long startall, testall, waitall, count, isend_address, byte_type;
-    Py_ssize_t request_size, status_size, datatype_size;
-    if (!PyArg_ParseTuple(args, "KKKKKnnnK", &startall, &testall, &waitall, &count, &isend_address, &request_size,
-                          &status_size, &datatype_size, &byte_type))
+    unsigned long long startall, testall, waitall, count, isend_address, irecv_address, byte_type;
+    Py_ssize_t request_size, status_size, datatype_size, request_offset;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnK", &startall, &testall, &waitall, &count, &isend_address, &irecv_address,
+                          &request_size, &status_size, &datatype_size, &request_offset, &byte_type))
         return NULL;
-    if (!startall || !testall || !waitall || !count || !isend_address || request_size <= 0 || status_size <= 0 ||
+    if (!startall || !testall || !waitall || !count || !isend_address || !irecv_address || request_size <= 0 ||
+        status_size <= 0 || request_offset <= 0 ||
         (datatype_size != (Py_ssize_t)sizeof(int) && datatype_size != (Py_ssize_t)sizeof(void *))) {
         PyErr_SetString(PyExc_ValueError, "bind(): an MPI function is missing or a handle size is unknown");
         return NULL;
@@ -1114,23 +1307,26 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     mpi.waitall = (waitall_fn)(uintptr_t)waitall;
     mpi.get_count = (void *)(uintptr_t)count;
     mpi.isend = (void *)(uintptr_t)isend_address;
+    mpi.irecv = (void *)(uintptr_t)irecv_address;
     mpi.request_size = request_size;
     mpi.status_size = status_size;
     mpi.datatype_size = datatype_size;
+    mpi.request_offset = request_offset;
     mpi.byte_type = (intptr_t)byte_type;
     mpi.bound = 1;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, isend, request_size, status_size, "
-                                 "datatype_size, byte_type): the MPI library's functions and handle sizes"},
+    {"bind", bind, METH_VARARGS, "bind(startall, testall, waitall, get_count, isend, irecv, request_size, "
+                                 "status_size, datatype_size, request_offset, byte_type): the MPI library's functions "
+                                 "and handle sizes"},
+    {"supports", supports, METH_VARARGS, "supports(op, dtype): whether WORK_OP with these codes runs here"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_replay", "A plan's exchanges replayed in C (mpiring.engine.compiled).", -1,
-    module_methods,
+    PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.compiled).", -1, module_methods,
 };
 
 static int intern_names(void) {
@@ -1153,7 +1349,9 @@ PyMODINIT_FUNC PyInit__replay(void) {
         return NULL;
     if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
         PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0 ||
-        PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0) {
+        PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0 ||
+        PyModule_AddIntConstant(m, "WORK_COPY", WORK_COPY) < 0 || PyModule_AddIntConstant(m, "WORK_OP", WORK_OP) < 0 ||
+        PyModule_AddIntConstant(m, "WORK_DIVIDE", WORK_DIVIDE) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,45 +1,63 @@
-"""The compiled replay: a plan's exchanges run in C (mpiring/engine/_replay.c) when the extension
-was built at install time (it needs a C compiler and Python's headers, no MPI headers).
+"""The C replay (mpiring/engine/_replay.c), from Python: binding the MPI library, making
+Programs from schedules and plans as plain data, and the Shortcut that takes a cached blocking
+call without entering Python (`shortcut`, below).
 
-    executor.run_plan, run_exchanges ──► Program.run(first, started, spin) ──► None: every exchange done
-                                                                          └──► (exchange, why, code): Python
-                                                                               carries on from there
-    a step started on its own (Plan) ──► Program.start(index)
-    a blocking call with a cached plan ──► Shortcut: the Python hit path's checks and counts, then the
-                                           same run, without entering Python (`shortcut`, below)
-
-It changes where the loop runs, not what it does: the same persistent requests (and the same
-sends made anew each run, where Ring.persistent_sends is off), waited for in the same order,
-the same byte counts checked, the same recorded work called (plain copies and float32/float64
-sums done in C, with the same IEEE additions as NumPy's). A wait longer than
-`spin`, a wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes,
-mpi_error), so timeouts, mismatch detection and error messages stay in one place. Without the
-extension, or with MPIRING_COMPILED=0, plans replay in Python (executor.run_exchanges).
+A Program changes where the loop runs, not what it does: the same messages posted in the same
+order, waited for the same way, the same byte counts checked, the same work done (copies and
+arithmetic in C exactly as NumPy does them, the rest as calls). A wait longer than `spin`, a
+wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes, mpi_error), so
+timeouts, mismatch detection and error messages stay in one place. Without the extension, or
+with MPIRING_COMPILED=0, everything runs in Python (schedule.py, executor.py), from the same
+recorded data: `work_in_python` does a C work item's arithmetic in NumPy.
 """
 
 from __future__ import annotations
 
 import ctypes
-from functools import partial
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from mpiring import environment
+from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, UFUNC_NAMES
 
 try:
     from mpiring.engine import _replay
-except ImportError:  # not built (no compiler at install time): plans replay in Python
+except ImportError:  # not built (no compiler at install time): everything replays in Python
     _replay = None
 
-# Program.run's reasons for stopping, and the kinds of work it does itself (_replay.c)
+# Program.run's reasons for stopping
 STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR = 0, 1, 2
-_COPY = 1
-_ADD = {np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+# kinds of work a Program does itself (WORK_CALL is any callable)
+WORK_COPY, WORK_OP, WORK_DIVIDE = 1, 2, 3
+RESULT_CODES = {"none": 0, "out": 1, "x": 2}
+_INT_MAX = 2**31 - 1
+_NOWHERE = (-1, 0)
+
+# dtype and op codes, as _replay.c numbers them
+DTYPE_CODES = {np.dtype(name): code for code, name in enumerate(
+    ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64",
+     "complex64", "complex128"))}
+OP_CODES = {op: code for code, op in enumerate((SUM, PROD, MIN, MAX, BAND, BOR, BXOR, LAND, LOR, LXOR))}
+OP_CODES[AVG] = OP_CODES[SUM]  # avg sums; its division is separate work
+_OP_NAMES = {code: op for op, code in OP_CODES.items() if op != AVG}
+_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+
+def exact_in_c(op_code: int, dtype_code: int) -> bool:
+    """Whether _replay.c does this op on this dtype with NumPy's exact results (its op_supported):
+    every op on bool and integers; sum and product on float32/float64; sum on complex. Float min
+    and max (NaN and signed zeros), complex products and float16 stay with NumPy."""
+    kind = _DTYPES[dtype_code].kind
+    if kind == "f":
+        return op_code in (OP_CODES[SUM], OP_CODES[PROD])
+    if kind == "c":
+        return op_code == OP_CODES[SUM]
+    return True
+
 
 _bound: bool | None = None  # None: not tried yet
-_INT_MAX = 2**31 - 1
 
 
 def available() -> bool:
@@ -48,12 +66,12 @@ def available() -> bool:
 
 
 def enabled() -> bool:
-    """Whether new plans replay in C: the extension is there and MPIRING_COMPILED is not 0."""
+    """Whether new schedules and plans replay in C: the extension is there and MPIRING_COMPILED is not 0."""
     return environment.flag("MPIRING_COMPILED", "plan") is not False and available()
 
 
 def describe() -> str:
-    """Where plans replay, in words (`mpiring info`)."""
+    """Where schedules replay, in words (`mpiring info`)."""
     if _replay is None:
         return "in Python (the C replay was not built: no C compiler or Python headers at install)"
     if not enabled():
@@ -63,7 +81,7 @@ def describe() -> str:
 
 def _bind() -> bool:
     """Hand the extension the MPI functions of the library mpi4py loaded, and its handle sizes
-    (once; False, and plans replay in Python, where they cannot be found). dlsym on mpi4py's
+    (once; False, and everything replays in Python, where they cannot be found). dlsym on mpi4py's
     own module finds them, since it searches the libraries that module links."""
     global _bound
     if _bound is None:
@@ -75,94 +93,162 @@ def _bind() -> bool:
 
             if MPI._sizeof(MPI.Comm) != MPI._sizeof(MPI.Datatype):  # _replay.c passes both as one kind
                 raise ValueError("communicator and datatype handles differ in size")
+            probe = MPI.Request()
+            request_offset = MPI._addressof(probe) - id(probe)  # where a Request object keeps its handle
+            if MPI._addressof(MPI.Prequest()) - id(MPI.Prequest()) != request_offset or request_offset <= 0:
+                raise ValueError("request objects keep their handles at different places")
             _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
-                         address("MPI_Get_count"), address("MPI_Isend"), MPI._sizeof(MPI.Request),
-                         MPI._sizeof(MPI.Status), MPI._sizeof(MPI.Datatype), MPI._handleof(MPI.BYTE))
+                         address("MPI_Get_count"), address("MPI_Isend"), address("MPI_Irecv"),
+                         MPI._sizeof(MPI.Request), MPI._sizeof(MPI.Status), MPI._sizeof(MPI.Datatype),
+                         request_offset, MPI._handleof(MPI.BYTE))
             _bound = True
         except (OSError, AttributeError, ValueError, TypeError):  # an MPI this was not made for
             _bound = False
     return _bound
 
 
-def program(prologue: tuple, exchanges: tuple | None, busy: bool = False) -> Any:
-    """The C form of a plan's prologue and exchanges (plan.fuse), or None where plans replay in
-    Python; `busy`: its waits test without offering the core in between (Ring.busy_poll)."""
+# ---- work ----
+
+def work_spec(kind: str, op: str | None, arrays: tuple, refs: tuple, divisor: int) -> tuple | None:
+    """Recorded work as plain data the C replay (and `work_in_python`) do exactly as NumPy:
+    (kind, op code, dtype code, out ref, a ref, b ref, length, divisor); None for work only NumPy
+    does exactly (it stays a call). Operands must be C-contiguous arrays of one shape and native
+    dtype, the output the same as each input or apart from it (C's loop, unlike NumPy, does not
+    buffer an overlap)."""
+    if not all(a.flags.c_contiguous and a.dtype.isnative for a in arrays):
+        return None
+    out, a = arrays[0], arrays[1]
+    if any(other.shape != out.shape for other in arrays[1:]):
+        return None
+    if not all(_same_or_apart(out, other) for other in arrays[1:]):
+        return None
+    if kind == "copy":
+        if a.dtype != out.dtype:
+            return None  # a conversion (bfloat16 to float32 and back): NumPy's
+        return (WORK_COPY, 0, 0, refs[0], refs[1], _NOWHERE, out.nbytes, 0)
+    dtype_code = DTYPE_CODES.get(out.dtype)
+    if dtype_code is None or any(other.dtype != out.dtype for other in arrays[1:]):
+        return None
+    if kind == "divide":
+        if out.dtype.kind != "f" or out.dtype.itemsize not in (4, 8):
+            return None
+        return (WORK_DIVIDE, 0, dtype_code, refs[0], refs[1], _NOWHERE, out.size, divisor)
+    op_code = OP_CODES[op]
+    if not exact_in_c(op_code, dtype_code):
+        return None
+    return (WORK_OP, op_code, dtype_code, refs[0], refs[1], refs[2], out.size, 0)
+
+
+def _same_or_apart(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] or not np.shares_memory(a, b)
+
+
+def work_in_python(roots: tuple, spec: tuple) -> None:
+    """A work spec's arithmetic in NumPy, on the arrays the roots stand for (the Python replay)."""
+    kind, op_code, dtype_code, out_ref, a_ref, b_ref, n, divisor = spec
+    if kind == WORK_COPY:
+        _bytes(roots, out_ref, n)[:] = _bytes(roots, a_ref, n)
+        return
+    dtype = _DTYPES[dtype_code]
+    out, a = _typed(roots, out_ref, n, dtype), _typed(roots, a_ref, n, dtype)
+    if kind == WORK_DIVIDE:
+        np.true_divide(a, divisor, out=out)
+    else:
+        getattr(np, UFUNC_NAMES[_OP_NAMES[op_code]])(a, _typed(roots, b_ref, n, dtype), out=out)
+
+
+def _bytes(roots: tuple, ref: tuple[int, int], nbytes: int) -> np.ndarray:
+    root, offset = ref
+    return roots[root].reshape(-1).view(np.uint8)[offset:offset + nbytes]
+
+
+def _typed(roots: tuple, ref: tuple[int, int], count: int, dtype: np.dtype) -> np.ndarray:
+    return _bytes(roots, ref, count * dtype.itemsize).view(dtype)
+
+
+# ---- programs ----
+
+def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
+    """The C form of a schedule (mpiring.engine.schedule), or None where it replays in Python;
+    `busy`: its waits test without offering the core in between (Ring.busy_poll); without its
+    work: its messages alone (the benchmark's ceiling)."""
+    if not enabled():
+        return None
+    try:
+        comm = MPI._handleof(schedule.comm)
+    except TypeError:  # a stand-in for a communicator (tests record what reaches MPI): Python replays
+        return None
+    specs = []
+    for exchange in schedule.exchanges:
+        step = exchange.step
+        checks = tuple((index, expected) for index, expected, _ in step.receives)
+        if any(m.nbytes > _INT_MAX for m in exchange.messages):  # MPI's int counts: Python says why
+            return None
+        fresh = tuple((m.index, m.receive, m.ref, m.nbytes, m.peer, m.tag) for m in exchange.messages)
+        after, during = (exchange.after, exchange.during) if with_work else ((), ())
+        specs.append((b"", step.requests, _status_addresses(step), checks, after, fresh, during))
+    roots = (0, 0, *(0 if a is None else a.__array_interface__["data"][0] for a in schedule.owned))
+    return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, schedule.call.tag,
+                           roots, schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
+                           schedule.result_kind, schedule.traffic, schedule)
+
+
+def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:
+    """The C form of a device plan's prologue and exchanges (mpiring.engine.plan: persistent
+    requests bound to its buffers for life, sends made anew at fixed addresses, work as calls),
+    or None where it replays in Python."""
     if exchanges is None or not enabled():
         return None
     size = MPI._sizeof(MPI.Request)
     specs, comms = [], set()
-    for step, requests, statuses, _, after, during in exchanges:
+    for step, requests, _, _, after, during in exchanges:
         checks = tuple((index, expected) for index, expected, _ in step.receives)
-        if any(expected > _INT_MAX for _, expected in checks):  # MPI_Get_count's int: Python says why
+        if any(expected > _INT_MAX for _, expected in checks):
             return None
         fresh = []
         for index, message, dest, tag, comm in step.fresh_sends:
             buf = message[0]
             if not (type(buf) is np.ndarray and message[1] == MPI.BYTE and buf.nbytes <= _INT_MAX):
                 return None  # host memory with MPI_Isend's int count (device or larger sends stay with mpi4py)
-            fresh.append((index, buf.ctypes.data, buf.nbytes, dest, tag, MPI._addressof(requests[index])))
+            fresh.append((index, False, (-1, buf.__array_interface__["data"][0]), buf.nbytes, dest, tag))
             comms.add(MPI._handleof(comm))
-        handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in requests)
-        status_objects = tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(requests)
-        specs.append((handles, status_objects, checks, tuple(map(_work, after)), tuple(fresh),
-                      tuple(map(_work, during))))
+        persistent = requests[: len(requests) - len(fresh)]
+        handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in persistent)
+        specs.append((handles, requests, _status_addresses(step), checks, tuple(after), tuple(fresh),
+                      tuple(during)))
     if len(comms) > 1:
         return None
-    return _replay.Program(tuple(map(_work, prologue)), tuple(specs), comms.pop() if comms else 0, busy)
+    return _replay.Program(tuple(prologue), tuple(specs), comms.pop() if comms else 0, busy, 0, (0, 0), (), 0, 0,
+                           None, RESULT_CODES["out"], plan.traffic, plan)
 
 
-def shortcut(cache: Any, ring: Any, communicator: Any, plan_type: type, host: Any, in_python: Any,
-             after: Any, yield_seconds: float) -> Any:
-    """A blocking call that takes a cached compiled plan without running Python (`Shortcut` in
-    _replay.c), and otherwise calls `in_python` with the same arguments; `in_python` itself where
-    the extension was not built or cannot reach the MPI library."""
-    if not available():
-        return in_python
-    return _replay.Shortcut(cache, ring, communicator, plan_type, host, in_python, after, yield_seconds)
-
-
-def persistent_shortcut(request: Any, communicator: Any, ring: Any, plan: Any, spin: float) -> tuple | None:
-    """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
-    handing what it does not take to the request's own method; None where the extension was not
-    built or the plan is not compiled."""
-    if not available() or plan.compiled is None:
-        return None
-    shortcut = _replay.PersistentShortcut(request, communicator, ring, plan, spin)
-    return shortcut.start, shortcut.wait
+def _status_addresses(step: Any) -> tuple:
+    statuses = step.statuses
+    return tuple(map(MPI._addressof, statuses)) if statuses else (None,) * len(step.requests)
 
 
 def start(program: Any, index: int) -> None:
-    """Start exchange `index` of a program, for Python to wait for: how a compiled plan's steps
-    start (cheaper than mpi4py's Startall of a list; sends made anew keep their handles in the
-    program, which copies them to the steps' MPI.Request objects)."""
+    """Start exchange `index` of a program, for Python to wait for."""
     code = program.start(index)
     if code:
         raise MPI.Exception(code)
 
 
-def _work(work: Any) -> Any:
-    """Recorded work as _replay.c takes it: a plain copy or float sum of C-contiguous arrays as
-    (kind, out, a, b, bytes, work), done there without calling NumPy; anything else as it is.
-    An output that overlaps an input other than exactly would make C's loop differ from NumPy's
-    (which buffers): that stays a call."""
-    if not isinstance(work, partial) or not work.args or not all(isinstance(a, np.ndarray) and a.flags.c_contiguous
-                                                for a in (*work.args, *work.keywords.values())):
-        return work
-    # a read-only output stays a call, so NumPy refuses it as it would have
-    if not (work.args[0] if work.func is np.copyto else work.keywords.get("out", work.args[0])).flags.writeable:
-        return work
-    if work.func is np.copyto and len(work.args) == 2 and not work.keywords:
-        out, a = work.args
-        if out.dtype == a.dtype and out.shape == a.shape and _apart_or_same(out, a):
-            return (_COPY, out.ctypes.data, a.ctypes.data, None, out.nbytes, work)
-    if work.func is np.add and len(work.args) == 2 and list(work.keywords) == ["out"]:
-        (a, b), out = work.args, work.keywords["out"]
-        kind = _ADD.get(out.dtype)
-        if (kind is not None and a.dtype == b.dtype == out.dtype and a.shape == b.shape == out.shape
-                and _apart_or_same(out, a) and _apart_or_same(out, b)):
-            return (kind, out.ctypes.data, a.ctypes.data, b.ctypes.data, out.nbytes, work)
-    return work
+def shortcut(table: dict, ring: Any, communicator: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
+    """A blocking call that takes a compiled schedule from `table` (layout key -> Program) without
+    running Python (`Shortcut` in _replay.c), and otherwise calls `in_python` with the same
+    arguments; `in_python` itself where the extension was not built or cannot reach the MPI library."""
+    if not available():
+        return in_python
+    return _replay.Shortcut(table, ring, communicator, np.ndarray, in_python, after, yield_seconds)
 
 
-def _apart_or_same(out: np.ndarray, a: np.ndarray) -> bool:
-    return out.ctypes.data == a.ctypes.data or not np.shares_memory(out, a)
+def persistent_shortcut(request: Any, communicator: Any, ring: Any, program: Any, call: Any,
+                        spin: float) -> tuple | None:
+    """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
+    handing what it does not take to the request's own method; None where there is no program."""
+    if not available() or program is None:
+        return None
+    made = _replay.PersistentShortcut(request, communicator, ring, program, call, spin)
+    return made.start, made.wait
+

@@ -1,9 +1,13 @@
 """Running a collective, the same way for all three kinds of call:
 
-    blocking       run_to_end(ring, steps, call)    an unplanned call's generator, to its end
-                   run_plan(ring, plan, timeout)    a planned call's plan (mpiring.engine.plan)
-    nonblocking    CollectiveRequest                its generator, advanced by test() and wait()
-    persistent     PersistentRequest                its plan, or its generator, once per start()
+    blocking       run_to_end(ring, steps, call)        an unrecorded call's generator, to its end
+                   run_recorded(ring, recorded, timeout) a schedule (host) or plan (device), bound
+    nonblocking    CollectiveRequest                    its generator, advanced by test() and wait()
+    persistent     PersistentRequest                    its schedule or plan, or its generator, per start()
+
+A recorded call is a schedule (mpiring.engine.schedule) or a device plan (mpiring.engine.plan);
+both offer the same few methods (`length`, `step`, `prologue`, `start`, `finish`, `run_result`),
+and run here the same way: in C where compiled (mpiring.engine.compiled), else `run_exchanges`.
 
 Waiting happens in mpiring.engine.waiting (`wait_step`, the one place that waits), which also
 advances every nonblocking collective in flight, and which raises `CollectiveTimeout` naming the
@@ -20,7 +24,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.engine import compiled
-from mpiring.engine.plan import START, WAIT, WORK, Plan, plan_steps, start_exchange
+from mpiring.engine.plan import START, WAIT, plan_steps
 from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
 from mpiring.engine.waiting import YIELD_SECONDS, is_complete, make_room, poll, progress_others, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
@@ -162,157 +166,163 @@ class CollectiveRequest:
         return self._result
 
 
-def count_traffic(ring: Ring, plan: Plan) -> None:
-    traffic, once = ring.traffic, plan.traffic
+def count_traffic(ring: Ring, recorded: Any) -> None:
+    traffic, once = ring.traffic, recorded.traffic
     traffic.bytes_sent += once.bytes_sent
     traffic.bytes_received += once.bytes_received
     traffic.messages += once.messages
 
 
-def run_plan(ring: Ring, plan: Plan, timeout: float | None) -> Any:
-    """Run `plan` once, blocking, and return its result (a copy when the plan owns it).
+def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
+    """Run a schedule (bound to this call's arrays) or a plan once, blocking, and return its result.
 
-    Every planned blocking call comes here, so its common case (a compiled plan, nothing else
-    in flight) calls the C replay directly: each Python call and attribute costs tens of ns."""
-    call = plan.call
+    Every recorded blocking call Python runs comes here, so its common case (compiled, nothing
+    else in flight) calls the C replay directly: each Python call and attribute costs tens of ns."""
+    call = recorded.call
     call.timeout = timeout
-    traffic, once = ring.traffic, plan.traffic  # count_traffic, inline
+    traffic, once = ring.traffic, recorded.traffic  # count_traffic, inline
     traffic.bytes_sent += once.bytes_sent
     traffic.bytes_received += once.bytes_received
     traffic.messages += once.messages
-    program, stopped = plan.compiled, None
+    program, stopped = recorded.compiled, None
     try:
-        if ring.in_flight or plan.exchanges is None:
+        if recorded.length is None:  # a plan whose steps overlap
             call.step = 0
-            for kind, item in plan.actions:
+            for kind, item in recorded.actions:
                 if kind == START:
                     item.start()
                 elif kind == WAIT:
                     wait_step(ring, item, call)
                 else:
                     item()
+        elif ring.in_flight:
+            _exchanges_advancing_others(ring, recorded)
         elif program is None:
-            run_exchanges(ring, plan, 0, started=False)
+            run_exchanges(ring, recorded, 0, started=False)
         else:
             spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
             stopped = program.run(0, False, spin)
     except (CollectiveTimeout, CommunicationError) as error:
-        ring.abandon(call, error, plan)  # its requests may still be active: keep their buffers
+        ring.abandon(call, error, recorded)  # its requests may still be active: keep their buffers
         raise
     if stopped is not None:
-        return resume_plan(ring, plan, timeout, stopped, spin)
-    return plan.result if plan.copy_result is None else plan.copy_result(plan.result)
+        return resume_recorded(ring, recorded, timeout, stopped, spin)
+    return recorded.run_result()
 
 
-def resume_plan(ring: Ring, plan: Plan, timeout: float | None, stopped: tuple[int, int, int], spin: float) -> Any:
-    """Finish a run of `plan` the C replay handed back (`stopped`, after `spin` seconds of
-    waiting there), as run_plan would have: by run_plan, or by the C shortcut of a cached call
+def resume_recorded(ring: Ring, recorded: Any, timeout: float | None, stopped: tuple[int, int, int],
+                    spin: float) -> Any:
+    """Finish a run the C replay handed back (`stopped`, after `spin` seconds of waiting there),
+    as run_recorded would have: by run_recorded, or by the C Shortcut of a cached call
     (compiled.shortcut), which does not set the call's timeout itself."""
-    plan.call.timeout = timeout
+    recorded.call.timeout = timeout
     try:
-        _resume(ring, plan, stopped, spin)
+        _resume(ring, recorded, stopped, spin)
     except (CollectiveTimeout, CommunicationError) as error:
-        ring.abandon(plan.call, error, plan)
+        ring.abandon(recorded.call, error, recorded)
         raise
-    return plan.result if plan.copy_result is None else plan.copy_result(plan.result)
+    return recorded.run_result()
 
 
-def run_exchanges(ring: Ring, plan: Plan, first: int, started: bool) -> None:
-    """Run the plan's exchanges from `first` on (`started`: that one's requests already are)
-    with nothing else in flight: small calls are paid in Python time, so this is the lean path.
-    A run from the very beginning (first 0, not started) does the prologue first. A plan with
-    a compiled form (mpiring.engine.compiled) runs them in C, which hands back the exchange
-    that needs Python (_resume)."""
-    if plan.compiled is not None:
-        timeout = plan.call.timeout
+def run_exchanges(ring: Ring, recorded: Any, first: int, started: bool) -> None:
+    """Run the exchanges from `first` on (`started`: that one's messages already are) with
+    nothing else in flight: small calls are paid in Python time, so this is the lean path. A run
+    from the very beginning (first 0, not started) does the prologue first. A compiled one runs
+    in C, which hands back the exchange that needs Python (_resume)."""
+    if recorded.compiled is not None:
+        timeout = recorded.call.timeout
         spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
-        stopped = plan.compiled.run(first, started, spin)
+        stopped = recorded.compiled.run(first, started, spin)
         if stopped is not None:
-            _resume(ring, plan, stopped, spin)
+            _resume(ring, recorded, stopped, spin)
         return
     if first == 0 and not started:
-        for work in plan.prologue:
-            work()
-    _exchanges_in_python(ring, plan, first, started, 0.0)
+        recorded.prologue()
+    _exchanges_in_python(ring, recorded, first, started, 0.0)
 
 
-def _resume(ring: Ring, plan: Plan, stopped: tuple[int, int, int], spin: float) -> None:
+def _resume(ring: Ring, recorded: Any, stopped: tuple[int, int, int], spin: float) -> None:
     """Carry on where the C replay stopped: an exchange still incomplete after `spin` seconds
     goes on in Python (waiting.poll); a wrong size or an MPI error raises."""
     first, reason, code = stopped
     if reason != compiled.STOPPED_WAITING:
-        _raise_stopped(ring, plan, first, code)
-    _exchanges_in_python(ring, plan, first, True, spin)
+        _raise_stopped(ring, recorded, first, code)
+    _exchanges_in_python(ring, recorded, first, True, spin)
 
 
-def _exchanges_in_python(ring: Ring, plan: Plan, first: int, started: bool, waited: float) -> None:
+def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, waited: float) -> None:
     """The replay loop, per exchange: start it and do its work in flight; then one Waitall, or
     with a timeout one Testall and, if the step is not done yet, waiting.poll (`waited`: seconds
     already spent on exchange `first`); then the size checks and the work after it."""
-    call = plan.call
+    call = recorded.call
     timeout = call.timeout
-    exchanges = plan.exchanges
-    for index in range(first, len(exchanges)):
-        item, requests, statuses, checks, after, _ = exchanges[index]
+    for index in range(first, recorded.length):
+        step = recorded.step(index)
+        requests, statuses = step.requests, step.statuses
         call.step = index
         try:
             if index > first or not started:
-                start_exchange(exchanges[index])
+                recorded.start(index)
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
-                poll(ring, item, statuses, call, waited if index == first else 0.0)
+                poll(ring, step, statuses, call, waited if index == first else 0.0)
         except MPI.Exception as error:  # a message larger than its receive
-            raise mpi_error(ring.rank, call, error, item, statuses) from error
-        for status, expected in checks:
-            if status.Get_count(_BYTE) != expected:
-                check_sizes(ring.rank, item, statuses, call.collective)  # raises, naming the sender
-        for work in after:
-            work()
+            raise mpi_error(ring.rank, call, error, step, statuses) from error
+        for position, expected, _ in step.receives:
+            if statuses[position].Get_count(_BYTE) != expected:
+                check_sizes(ring.rank, step, statuses, call.collective)  # raises, naming the sender
+        recorded.finish(index)
 
 
-def _raise_stopped(ring: Ring, plan: Plan, index: int, code: int) -> None:
+def _exchanges_advancing_others(ring: Ring, recorded: Any) -> None:
+    """The replay while nonblocking collectives are in flight: each wait advances them too."""
+    call = recorded.call
+    recorded.prologue()
+    for index in range(recorded.length):
+        call.step = index
+        recorded.start(index)
+        wait_step(ring, recorded.step(index), call)
+        recorded.finish(index)
+
+
+def _raise_stopped(ring: Ring, recorded: Any, index: int, code: int) -> None:
     """The compiled replay stopped at exchange `index` on an MPI error (`code`) or a receive of
     the wrong size; the exchange's statuses are in its MPI.Status objects: raise the error."""
-    call = plan.call
-    item, _, statuses, _, _, _ = plan.exchanges[index]
+    call = recorded.call
+    step = recorded.step(index)
     call.step = index
     if code:
-        raise mpi_error(ring.rank, call, MPI.Exception(code), item, statuses)
-    check_sizes(ring.rank, item, statuses, call.collective)
+        raise mpi_error(ring.rank, call, MPI.Exception(code), step, step.statuses)
+    check_sizes(ring.rank, step, step.statuses, call.collective)
     raise RuntimeError(f"{call.collective}: the compiled replay saw a wrong byte count in step {index} that "
                        "Python does not see (a bug in mpiring.engine.compiled)")
 
 
 class MessagesOnly:
-    """A replay of a plan's messages alone: its persistent requests started and waited for,
-    step by step, without the arithmetic, the checks or the bookkeeping. The benchmark's
-    ceiling: what the transport allows for the schedule that actually ran, replayed the way
-    the plan's calls replay it (in C where the plan is compiled, so that a call is not measured
-    against a slower ceiling). The plan stays pinned in its cache (never evicted, so its
-    requests stay valid) until `release()`."""
+    """A replay of a recorded call's messages alone, step by step, without its arithmetic, checks
+    or bookkeeping: the benchmark's ceiling, what the transport allows for the schedule that
+    actually ran, replayed as its calls replay it (in C where compiled, so that a call is not
+    measured against a slower ceiling). A schedule's messages are bound to `x` and `out`. The
+    entry stays pinned in its cache (never evicted) until `release()`."""
 
-    def __init__(self, plan: Plan) -> None:
-        self._plan = plan
-        plan.pinned += 1
-        self._messages = [(kind, item) for kind, item in plan.actions if kind != WORK]
-        self._compiled = None
-        if plan.compiled is not None:  # the same exchanges, without their work
-            self._compiled = compiled.program((), tuple(exchange[:4] + ((), ()) for exchange in plan.exchanges),
-                                              plan.compiled.busy)
+    def __init__(self, recorded: Any, x: Any = None, out: Any = None) -> None:
+        self._recorded = recorded
+        recorded.pinned += 1
+        self._compiled = recorded.messages_only(x, out)
 
     def __call__(self) -> None:
         if self._compiled is not None:
             self._compiled.run(0, False, -1.0)
             return
-        for kind, step in self._messages:
-            if kind == START:
-                step.start()
-            else:
-                _waitall(step.requests)
+        recorded = self._recorded
+        for index in range(recorded.length):
+            recorded.start_messages(index)
+            step = recorded.step(index)
+            _waitall(step.requests)
 
     def release(self) -> None:
-        self._plan.pinned -= 1
+        self._recorded.pinned -= 1
         if self._compiled is not None:
             self._compiled.release()
 
@@ -326,28 +336,29 @@ class PersistentRequest:
     other collectives, in the same order. The arrays given when it was made are bound to it:
     change their contents between runs, not the arrays. `free()` releases it.
 
-    A planned request runs its plan's exchanges itself (start the next when one completes); any
-    other (an unplanned call, or a plan whose steps overlap) runs through a CollectiveRequest.
-    A compiled one may have start() and wait() in C (`take_shortcut`).
+    A recorded request (its own schedule, bound to its arrays for life, or a device plan) runs
+    its exchanges itself (start the next when one completes); any other (an unrecorded call, or
+    a plan whose steps overlap) runs through a CollectiveRequest each start. A compiled one may
+    have start() and wait() in C (`take_shortcut`).
     """
 
     # slots: the C start() and wait() (compiled.persistent_shortcut) read and write some by offset
     __slots__ = {
         "start": "Begin a run (the previous one must have completed).",
         "wait": "Block until the run started last completes; return its result.",
-        **dict.fromkeys(("_ring", "_call", "_plan", "_replay", "_started", "_run", "_position", "_running",
+        **dict.fromkeys(("_ring", "_call", "_recorded", "_replay", "_started", "_run", "_position", "_running",
                          "_freed", "_error", "holds", "_spin")),
     }
 
-    def __init__(self, ring: Ring, call: Call, plan: Plan | None,
+    def __init__(self, ring: Ring, call: Call, recorded: Any | None,
                  replay: Callable[[], Steps] | None, started: Callable[[], None]) -> None:
         self._ring = ring
         self._call = call
-        self._plan = plan  # None: an unplanned call, replayed through its generator each start
+        self._recorded = recorded  # None: an unrecorded call, replayed through its generator each start
         self._replay = replay
         self._started = started  # the communicator's per-call checks (broken, freed, thread, count)
         self._run: CollectiveRequest | None = None  # a generator-driven run
-        self._position = -1  # a planned run: the exchange in flight (-1: never started)
+        self._position = -1  # a recorded run: the exchange in flight (-1: never started)
         self._running = False
         self._freed = False
         self._error: BaseException | None = None  # what the last run raised: it gives nothing else
@@ -357,11 +368,12 @@ class PersistentRequest:
         self.start, self.wait = self._start_in_python, self._wait_in_python
 
     def take_shortcut(self, communicator: Any) -> None:
-        """Start and wait in C where they can (a compiled plan, the lean paths below; its
-        communicator checked as `started` checks it, which must not compare calls, MPIRING_CHECK)."""
-        if self._plan is not None:
-            self.start, self.wait = compiled.persistent_shortcut(self, communicator, self._ring, self._plan,
-                                                                 self._spin) or (self.start, self.wait)
+        """Start and wait in C where they can (a compiled schedule or plan, the lean paths below;
+        its communicator checked as `started` checks it, which must not compare calls, MPIRING_CHECK)."""
+        recorded = self._recorded
+        if recorded is not None and recorded.length is not None:
+            self.start, self.wait = compiled.persistent_shortcut(
+                self, communicator, self._ring, recorded.compiled, self._call, self._spin) or (self.start, self.wait)
 
     @property
     def arrays(self) -> tuple:
@@ -372,43 +384,38 @@ class PersistentRequest:
         if self._freed or self._running:
             self._refuse_start()
         self._started()
-        ring, call, plan = self._ring, self._call, self._plan
+        ring, call, recorded = self._ring, self._call, self._recorded
         if ring.in_flight:  # only then is there anything to do (small calls are paid in Python time)
             make_room(ring, self.holds)
         call.step = 0
         self._running, self._error = True, None
-        if plan is None or plan.exchanges is None:
-            if plan is not None:
-                count_traffic(ring, plan)
-                steps = plan_steps(plan)
+        if recorded is None or recorded.length is None:
+            if recorded is not None:
+                count_traffic(ring, recorded)
+                steps = plan_steps(recorded)
             else:
-                call.tag = ring.next_tag()  # each replay is a new call with its own tag
                 steps = self._replay()
             self._run = None
             self._run = self._run_step(lambda: CollectiveRequest(ring, steps, call))
             self._running = not self._run.done
             return
-        traffic, once = ring.traffic, plan.traffic  # count_traffic, inline (the persistent hot path)
-        traffic.bytes_sent += once.bytes_sent
-        traffic.bytes_received += once.bytes_received
-        traffic.messages += once.messages
+        count_traffic(ring, recorded)
         self._position = 0
         try:
-            if plan.compiled is not None and not ring.in_flight:  # the lean path: one call into C
-                code = plan.compiled.begin()
+            if recorded.compiled is not None and not ring.in_flight:  # the lean path: one call into C
+                code = recorded.compiled.begin()
                 if code:
                     self._failed_start(code)
             else:
-                for work in plan.prologue:
-                    work()
+                recorded.prologue()
                 if ring.in_flight:
                     progress_others(ring)  # requests tested once and dropped finish as later calls come
-                if plan.exchanges:
-                    start_exchange(plan.exchanges[0])
+                if recorded.length:
+                    recorded.start(0)
         except BaseException as error:
             self._running, self._error = False, error
             raise
-        if plan.exchanges:
+        if recorded.length:
             ring.in_flight.append(self)
         else:
             self._running = False
@@ -432,9 +439,9 @@ class PersistentRequest:
         if self._run is not None:
             self._running = not self._run_step(self._run.progress)
             return not self._running
-        exchanges, ring, call = self._plan.exchanges, self._ring, self._call
+        recorded, ring, call = self._recorded, self._ring, self._call
         try:
-            while self._running and is_complete(ring, exchanges[self._position][0], call):
+            while self._running and is_complete(ring, recorded.step(self._position), call):
                 self._next()
         except (CollectiveTimeout, CommunicationError) as error:
             self._abandon(error)
@@ -460,38 +467,32 @@ class PersistentRequest:
             self._run_step(self._run.wait)
             self._running = False
             return self._run.result
+        recorded = self._recorded
         if self._running:
             if ring.owner != get_ident():
                 ring.claim(call.collective)  # breaks the ring: waited for from a second thread
-            plan = self._plan
-            exchanges = plan.exchanges
             try:
                 in_flight = ring.in_flight
                 if len(in_flight) == 1 and in_flight[0] is self:  # nothing else to advance: the lean path
                     in_flight.clear()
                     self._running = False
-                    if plan.compiled is None:
-                        run_exchanges(ring, plan, self._position, started=True)
-                    else:  # run_exchanges, inline
-                        stopped = plan.compiled.run(self._position, True, self._spin)
-                        if stopped is not None:
-                            _resume(ring, plan, stopped, self._spin)
+                    run_exchanges(ring, recorded, self._position, started=True)
                 while self._running:
-                    wait_step(ring, exchanges[self._position][0], call, self)
+                    wait_step(ring, recorded.step(self._position), call, self)
                     self._next()
             except (CollectiveTimeout, CommunicationError) as error:
                 self._abandon(error)
                 raise
-        return self._plan.result
+        return recorded.run_result()
 
     def _resume_wait(self, stopped: tuple[int, int, int]) -> Any:
         """The C wait's replay stopped (waiting too long, a wrong size, an MPI error): Python carries on."""
         try:
-            _resume(self._ring, self._plan, stopped, self._spin)
+            _resume(self._ring, self._recorded, stopped, self._spin)
         except (CollectiveTimeout, CommunicationError) as error:
             self._abandon(error)
             raise
-        return self._plan.result
+        return self._recorded.run_result()
 
     @property
     def result(self) -> Any:
@@ -501,24 +502,23 @@ class PersistentRequest:
             return self._run.result
         if self._running:
             raise RuntimeError(f"{self._call.collective} is still in flight: call wait() or test() first")
-        return self._plan.result
+        return self._recorded.run_result()
 
     def free(self) -> None:
         """Release the request's MPI resources (not while a run is in flight)."""
         if self._running:
             raise RuntimeError(f"this persistent {self._call.collective} request is still running: wait() first")
-        if not self._freed and self._plan is not None:
-            self._plan.free()
+        if not self._freed and self._recorded is not None:
+            self._recorded.free()
         self._freed = True
 
     def _next(self) -> None:
         """The exchange in flight has completed: do its work, start the next one."""
-        exchanges = self._plan.exchanges
-        for work in exchanges[self._position][4]:
-            work()
+        recorded = self._recorded
+        recorded.finish(self._position)
         self._position += 1
-        if self._position < len(exchanges):
-            start_exchange(exchanges[self._position])
+        if self._position < recorded.length:
+            recorded.start(self._position)
         else:
             self._running = False
             self._ring.in_flight.remove(self)
@@ -535,7 +535,7 @@ class PersistentRequest:
         self._running, self._error = False, error
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
-        self._ring.abandon(self._call, error, self._plan)  # keeps its buffers: MPI may still write them
+        self._ring.abandon(self._call, error, self._recorded)  # keeps its buffers: MPI may still write them
 
     def _check_started(self) -> None:
         """Raise what the last run raised, or that there was no run yet."""

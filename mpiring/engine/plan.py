@@ -1,25 +1,22 @@
-"""Plans: one collective call's schedule, built once for its call shape and run many times.
+"""Device plans: one call on device buffers, recorded once and bound to its arrays for life.
 
-Building runs the collective's generator once, with a recorder standing in for the transport
-and for the arithmetic. Every message becomes a persistent MPI request bound to the real
-buffer (`Send_init`/`Recv_init`; under Open MPI the sends are made anew each run, see
-Ring.persistent_sends), every reduction or copy a function with its arrays bound, every
-`yield` a wait. Validation, algorithm choice, output placement and scratch allocation all
-happen then; a run only starts requests, waits and does the arithmetic (mpiring.engine.executor).
+Host calls are schedules (mpiring.engine.schedule), bound to new arrays every call. A call on
+device buffers on the direct path (a CUDA-aware MPI reads them: the plan synchronizes the
+compute stream before every step, as Ring.post does, and runs the backend's own kernels) or on
+the staged path (the backend records each step itself, as rounds of host segments and the copies
+around them: mpiring.gpu.staging.record_staged_step) is a plan instead: its messages are
+persistent MPI requests bound to the very buffers (`Send_init`/`Recv_init`; under Open MPI the
+sends are made anew each run, see Ring.persistent_sends), its work device kernels bound to them.
+So a plan is found by the identity of its arrays, and replayed only on those.
 
     building (once)                               running (each call)
     algorithm posts a step     ─►  START step     step.start(): MPI Startall
     backend.copy before yield  ─►  WORK f         f() while the step's messages are in flight
     algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
-    backend.combine / copy     ─►  WORK f         f(): np.add(a, b, out=c), np.copyto(...)
+    backend.combine / copy     ─►  WORK f         f(): a kernel on the bound buffers
 
-Planned are host buffers and device buffers on the direct path (a CUDA-aware MPI reads them:
-the plan synchronizes the compute stream before every step, as Ring.post does, and runs the
-backend's own device kernels) and on the staged path (the backend records each step itself, as
-rounds of host segments and the copies around them: mpiring.gpu.staging.record_staged_step),
-and only calls whose buffers and layout are known on every rank without asking the others: a
-plan is built without sending a message, so one rank may reuse a plan while another builds one
-and the two still agree on every message.
+Only calls whose buffers and layout are known on every rank without asking the others are
+planned: a plan is built without sending a message.
 """
 
 from __future__ import annotations
@@ -41,13 +38,6 @@ from mpiring.ring import Ring
 START, WAIT, WORK = 0, 1, 2
 Action = tuple[int, Any]  # (START, Step) | (WAIT, Step) | (WORK, function)
 
-# Plans a communicator keeps: a few per buffer set a program cycles through. The byte bound is
-# on what plans allocate themselves (outputs and scratch), not on the caller's arrays they hold
-# (counting those would make large buffers a program reuses evict each other every call).
-PLANS_KEPT = 64
-PLAN_BYTES_KEPT = 256 << 20
-
-
 class Plan:
     """The recorded schedule of one call shape, and what a run needs besides it.
 
@@ -56,7 +46,7 @@ class Plan:
     """
 
     # slots: the C shortcut of a cached call (compiled.shortcut) reads and writes some by offset
-    __slots__ = ("call", "actions", "prologue", "exchanges", "compiled", "result", "backend", "copy_of",
+    __slots__ = ("call", "actions", "prologue_works", "exchanges", "compiled", "result", "backend", "copy_of",
                  "copy_result", "traffic", "requests", "allocated", "pinned", "used", "x", "x_shape", "x_dtype",
                  "out", "out_shape", "out_dtype")
 
@@ -64,24 +54,26 @@ class Plan:
                  requests: list[MPI.Prequest], allocated: int, backend: NumpyBackend, busy_poll: bool) -> None:
         self.call = call
         self.actions = actions
+        self.traffic = traffic  # what one run hands to MPI
         # the same actions as work before the first message, then exchanges (start a step, wait
         # for it, do the work after it): the fast form, when no step is posted ahead of another
-        self.prologue, self.exchanges = fuse(actions)
+        self.prologue_works, self.exchanges = fuse(actions)
         # the exchanges replayed in C, if built
-        self.compiled = compiled.program(self.prologue, self.exchanges, busy_poll)
+        self.compiled = compiled.plan_program(self, self.prologue_works, self.exchanges, busy_poll)
         if self.compiled is not None:  # its steps start in C too: cheaper than mpi4py's Startall of a
             for index, exchange in enumerate(self.exchanges):  # list, and sends made anew keep their handles
                 exchange[0].start = partial(compiled.start, self.compiled, index)
         self.result = result
+        if self.compiled is not None:  # what its C wait returns (a persistent request's result)
+            self.compiled.bind(None, result, 0, 0)
         self.backend = backend  # the arrays' (a device array's may change with MPIRING_CUDA_AWARE: rebuilt then)
         # a new array with the contents of the one given, made by that backend (on the array's GPU)
         self.copy_of = numpy.ndarray.copy if backend is NUMPY else partial(_copy_with, backend)
         # set when the result lives in the plan: each call then returns copy_result(result)
         self.copy_result: Callable[[Any], Any] | None = None
-        self.traffic = traffic  # what one run hands to MPI
         self.requests = requests
         self.allocated = allocated  # bytes of outputs and scratch it allocated itself
-        self.pinned = 0  # users that replay its requests themselves (PlanCache never evicts it then)
+        self.pinned = 0  # users that replay its requests themselves (the cache never evicts it then)
         self.used = 0  # when it last ran, in its communicator's calls (PlanCache evicts the least recent)
         self.x = self.out = self.x_shape = self.out_shape = self.x_dtype = self.out_dtype = None
 
@@ -98,13 +90,48 @@ class Plan:
         """Whether these arrays are the plan's own (it no longer fits them: build it anew)."""
         return x is self.x and out is self.out
 
+    # ---- what the executor runs (mpiring.engine.schedule.Schedule has the same) ----
+
+    @property
+    def length(self) -> int | None:
+        """Its exchanges; None where its steps overlap (it runs as `actions`)."""
+        return None if self.exchanges is None else len(self.exchanges)
+
+    def step(self, index: int) -> Step:
+        return self.exchanges[index][0]
+
+    def prologue(self) -> None:
+        for work in self.prologue_works:
+            work()
+
+    def start(self, index: int) -> None:
+        start_exchange(self.exchanges[index])
+
+    def finish(self, index: int) -> None:
+        for work in self.exchanges[index][4]:
+            work()
+
+    def start_messages(self, index: int) -> None:
+        self.exchanges[index][0].start()
+
+    def messages_only(self, x: Any, out: Any) -> Any:
+        """Its messages alone, compiled (executor.MessagesOnly); None where it replays in Python."""
+        if self.compiled is None:
+            return None
+        return compiled.plan_program(self, (), tuple(exchange[:4] + ((), ()) for exchange in self.exchanges),
+                                     self.compiled.busy)
+
+    def run_result(self) -> Any:
+        """What a blocking run returns: the result, or a copy where the plan owns it."""
+        return self.result if self.copy_result is None else self.copy_result(self.result)
+
     def free(self) -> None:
         """Release the persistent requests (the plan must not be running: its sends made anew are done)."""
         for request in self.requests:
             request.Free()
         self.requests = []
         self.actions = []
-        self.prologue, self.exchanges = (), None
+        self.prologue_works, self.exchanges = (), None
         if self.compiled is not None:
             self.compiled.release()  # its copies of the handles are stale now
             self.compiled = None
@@ -116,6 +143,7 @@ class Sighting:
     reuse a plan) keeps its unplanned cost, and no plan keeps its dead arrays alive."""
 
     __slots__ = ("x", "out", "allocated", "used")
+    pinned = 0
 
     def __init__(self, x: Any, out: Any) -> None:
         self.x = None if x is None else weakref.ref(x)
@@ -129,59 +157,6 @@ class Sighting:
 
     def free(self) -> None:
         pass
-
-
-class PlanCache:
-    """The plans of one communicator, least recently used evicted first, bounded in number
-    and in the bytes the plans allocated themselves (outputs and scratch). A plan also keeps its
-    caller's arrays alive, until it is evicted. Pinned plans (`pinned` > 0: something replays
-    their requests directly, as the benchmark's ceiling does) are never evicted.
-
-    Recency is each entry's `used` (the communicator's call count when it last ran, set by the
-    call that hits it): cheaper on every call than reordering the table, and eviction is rare.
-    `removals` counts the entries that ever left the table: the C shortcut's memo of its last hit
-    holds while it is unchanged (compiled.shortcut reads it by slot offset)."""
-
-    __slots__ = ("table", "allocated", "removals", "_max_plans", "_max_bytes")
-
-    def __init__(self, plans: int = PLANS_KEPT, nbytes: int = PLAN_BYTES_KEPT) -> None:
-        self.table: dict[tuple, Plan | Sighting] = {}  # key -> plan; the same dict for life
-        self._max_plans, self._max_bytes = plans, nbytes
-        self.allocated = 0
-        self.removals = 0
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def add(self, key: tuple, plan: Plan | Sighting, now: int) -> None:
-        """Keep `plan` under `key`, used at call `now`; evict the least recently used beyond the bounds."""
-        old = self.table.pop(key, None)
-        if old is not None:
-            self._drop(old)
-        plan.used = now
-        self.table[key] = plan
-        self.allocated += plan.allocated
-        while len(self.table) > 1 and (len(self.table) > self._max_plans or self.allocated > self._max_bytes):
-            evictable = [(p.used, k) for k, p in self.table.items() if not getattr(p, "pinned", 0) and p is not plan]
-            if not evictable:  # all pinned
-                break
-            self._drop(self.table.pop(min(evictable, key=lambda entry: entry[0])[1]))
-
-    def clear(self, keep: list[Any] = ()) -> None:
-        """Drop every plan; free their requests, except those of plans in `keep` (abandoned with
-        requests in flight: MPI may still use their buffers)."""
-        while self.table:
-            plan = self.table.popitem()[1]
-            self.removals += 1
-            if not any(plan is kept for kept in keep):
-                self._drop(plan)
-        self.allocated = 0
-
-    def _drop(self, plan: Plan | Sighting) -> None:
-        """`plan` has left the table: free it."""
-        self.removals += 1
-        self.allocated -= plan.allocated
-        plan.free()
 
 
 class Recorder:

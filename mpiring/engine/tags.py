@@ -4,9 +4,9 @@ A communicator's tags run from 0 to its MPI_TAG_UB (2^29-1 in the MPICH wheel, 2
 MPI's, at least 32767 by the standard). With Q an eighth of that space:
 
     0            the consistency check's own exchange (MPIRING_CHECK)
-    [1, Q)       sequence tags: each nonblocking call, and each start of an unplanned persistent
-                 request, takes the next one on every rank, so calls in flight at once never mix
-    [Q, 2Q)      persistent tags: one per planned persistent request, for its life
+    [1, Q)       sequence tags: each nonblocking call takes the next one on every rank, so calls
+                 in flight at once never mix
+    [Q, 2Q)      persistent tags: one per persistent request, for its life (its runs are ordered)
     [2Q, 4Q)     blocking tags: generation x call identity (below), and notices (NOTICE)
     [4Q, 8Q)     a transport's second message kind (the IPC path's acknowledgements: tag + 4Q)
 

@@ -1,0 +1,491 @@
+"""Schedules: what a blocking host call does, recorded once per layout and bound to each call's
+arrays when it runs.
+
+    building (once per layout)                         running (every call, in C or in Python)
+    the collective's generator, with a recorder:
+      a message   ─► (root, offset, bytes, peer, tag)     posted at base[root] + offset
+      a copy, op  ─► (kind, op, dtype, refs, length)      done on the bound buffers
+      a yield     ─► the end of an exchange               waited for (mpiring.engine.waiting)
+
+A buffer is named by its root and a byte offset in it: root 0 is the call's x, root 1 its out
+(the caller's out=, or an array made for each call), the others arrays the schedule owns
+(scratch). A schedule is keyed by what decides its messages and arithmetic (`layout_key`): the
+collective, op, root, counts and algorithm, the dtypes and shapes of x and out, and whether out
+is x. Any arrays of that layout bind to it, so a new input, a view or a new output each call all
+replay it; binding checks each array's memory as it is now (contiguous, writable where written,
+of the recorded size, and x and out apart or the same).
+
+A schedule is a sequence of exchanges: post a step's messages (receives first), do the copies
+that may run while they fly, wait for them, check the bytes received, do the arithmetic. The
+C replay (mpiring.engine.compiled, _replay.c) and `run_exchanges` here are the same loop; where
+the C replay stops (a long wait, a wrong size, an MPI error) this one carries on.
+
+Building sends no message: a schedule only records calls whose layout every rank knows alone, so
+one rank may replay while another builds, and they still agree on every message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy
+from mpi4py import MPI
+
+from mpiring import host_memory
+from mpiring.backend import NUMPY
+from mpiring.engine import compiled
+from mpiring.engine.transport import Call, Step, Traffic
+from mpiring.ops import AVG, UFUNC_NAMES
+from mpiring.ring import Ring
+
+ROOT_X, ROOT_OUT = 0, 1
+RESULT_NONE, RESULT_OUT, RESULT_X = 0, 1, 2
+Ref = tuple[int, int]  # (root, byte offset); root -1: no memory (a zero-byte buffer)
+_NOWHERE: Ref = (-1, 0)
+_NDARRAY = numpy.ndarray
+
+
+def layout_key(collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any, algorithm: Any) -> tuple:
+    """What a blocking call's schedule is found by (the C Shortcut builds the same tuple)."""
+    return (collective, op, root, counts, algorithm,
+            None if x is None else x.dtype, None if x is None else x.shape,
+            None if out is None else out.dtype, None if out is None else out.shape,
+            x is out and x is not None)
+
+
+class Unschedulable(Exception):
+    """The call cannot be a schedule (its steps overlap, or it touches memory outside its roots):
+    it runs through its generator every time."""
+
+
+def _extent(a: numpy.ndarray) -> tuple[int, int]:
+    """The byte range [low, high) an array's elements span."""
+    start = a.__array_interface__["data"][0]
+    low = high = start
+    for extent, stride in zip(a.shape, a.strides, strict=True):
+        if extent == 0:
+            return start, start
+        reach = (extent - 1) * stride
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    return low, high + a.itemsize
+
+
+class _Roots:
+    """The arrays a schedule's buffers live in, while it is recorded: x, out and its own."""
+
+    def __init__(self, x: Any, out: Any) -> None:
+        self.arrays: list[Any] = [x, out]
+        self.ranges: list[tuple[int, int] | None] = [None if a is None else _extent(a) for a in (x, out)]
+
+    def own(self, array: numpy.ndarray) -> None:
+        self.arrays.append(array)
+        self.ranges.append(_extent(array))
+
+    def ref(self, a: Any) -> Ref:
+        """`a`'s root and its byte offset there; zero-byte buffers live nowhere."""
+        if type(a) is not _NDARRAY:
+            raise Unschedulable(f"a buffer that is not a NumPy array ({type(a).__name__})")
+        if a.nbytes == 0:
+            return _NOWHERE
+        low, high = _extent(a)
+        for root, span in enumerate(self.ranges):
+            if span is not None and span[0] <= low and high <= span[1]:
+                return root, a.__array_interface__["data"][0] - span[0]
+        raise Unschedulable("a buffer outside the call's arrays and its own")
+
+
+class _Message:
+    __slots__ = ("index", "receive", "array", "nbytes", "peer", "tag", "ref")
+
+    def __init__(self, index: int, receive: bool, array: Any, peer: int, tag: int) -> None:
+        self.index, self.receive, self.array, self.peer, self.tag = index, receive, array, peer, tag
+        self.nbytes = array.nbytes
+        self.ref: Ref = _NOWHERE
+
+
+class _Work:
+    """A recorded copy (out <- a), reduction (out <- a op b) or avg's division (out <- a / divisor)."""
+
+    __slots__ = ("kind", "op", "arrays", "divisor")
+
+    def __init__(self, kind: str, op: str | None, arrays: tuple, divisor: int = 0) -> None:
+        self.kind, self.op, self.arrays, self.divisor = kind, op, arrays, divisor  # arrays: (out, a[, b])
+
+
+class Recorder:
+    """Stands in for the transport while a schedule is recorded (Ring.recorder)."""
+
+    def __init__(self, ring: Ring, roots: _Roots) -> None:
+        self.ring = ring
+        self.roots = roots
+        self.actions: list[tuple[str, Any]] = []  # ("post", (step, messages)), ("wait", step), ("work", _Work)
+        self.traffic = Traffic()
+        self.unwaited: list[Step] = []
+
+    def post(self, backend: Any, tag: int, sends: Any, receives: Any, traffic: Traffic | None = None) -> Step:
+        if getattr(backend, "on_device", False) or getattr(backend, "staged", False):
+            raise Unschedulable("device buffers")
+        counted = self.traffic if traffic is None else traffic
+        step, messages = Step(), []
+        for buf, source in receives:
+            messages.append(_Message(len(step.requests), True, buf, source, tag))
+            step.receives.append((len(step.requests), buf.nbytes, source))
+            step.requests.append(MPI.Request())
+            step.peers.append(("receive from", source))
+            counted.bytes_received += buf.nbytes
+        for buf, dest in sends:
+            messages.append(_Message(len(step.requests), False, buf, dest, tag))
+            step.requests.append(MPI.Request())
+            step.peers.append(("send to", dest))
+            counted.bytes_sent += buf.nbytes
+            counted.messages += 1
+        if step.receives:
+            step.statuses = [MPI.Status() for _ in step.requests]
+        self.unwaited.append(step)
+        self.actions.append(("post", (step, messages)))
+        return step
+
+    def wait(self, step: Step) -> None:
+        if not any(step is posted for posted in self.unwaited):
+            raise RuntimeError("a collective being recorded waited for a step it did not post (it may not "
+                               "communicate while its schedule is built)")
+        self.unwaited = [posted for posted in self.unwaited if posted is not step]
+        self.actions.append(("wait", step))
+
+    def work(self, work: _Work) -> None:
+        self.actions.append(("work", work))
+
+
+class RecordingHost:
+    """The NumPy backend as a schedule being recorded sees it: allocations become the schedule's
+    own roots; copies and arithmetic are recorded, to run on every call."""
+
+    name, xp, staged, on_device, plannable = NUMPY.name, numpy, False, False, True
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self.allocated = 0
+
+    def __getattr__(self, name: str) -> Any:  # is_array, flat, may_share_memory, send/receive messages...
+        return getattr(NUMPY, name)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
+        array = numpy.empty(shape, dtype)  # plain pages: a schedule's own buffers live as long as it does
+        self._recorder.roots.own(array)
+        self.allocated += array.nbytes
+        return array
+
+    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
+        self._recorder.work(_Work("op", op, (out, a, b)))
+
+    def finish(self, op: str, buf: Any, world_size: int) -> None:
+        if op == AVG and buf.size:
+            self._recorder.work(_Work("divide", None, (buf, buf), world_size))
+
+    def copy(self, dst: Any, src: Any) -> None:
+        self._recorder.work(_Work("copy", None, (dst, src)))
+
+
+class _Exchange:
+    """One exchange: its step (requests, statuses and peers for the waits), its messages, the
+    copies done while they fly and the work once they have arrived."""
+
+    __slots__ = ("step", "messages", "during", "after")
+
+    def __init__(self, step: Step, messages: list[_Message], during: tuple, after: tuple) -> None:
+        self.step, self.messages, self.during, self.after = step, messages, during, after
+
+
+class Schedule:
+    """A recorded call of one layout, bound to each call's arrays when it runs (module docstring)."""
+
+    layout_keyed = True  # the cache mirrors its C form for the Shortcut (mpiring.engine.cache)
+
+    def __init__(self, ring: Ring, call: Call, recorder: Recorder, host: RecordingHost, x: Any, out: Any,
+                 result: Any) -> None:
+        self.call = call
+        self.comm = ring.comm
+        self.traffic = recorder.traffic
+        self.allocated = host.allocated
+        self.pinned = 0  # users that replay its messages themselves (the cache never evicts it then)
+        self._used = self._runs = 0
+        roots = recorder.roots
+        # what a run returns; and for a call without out=, what makes its result
+        self.result_kind, self.allocate = self._result_of(roots, x, out, result)
+        self.x_bytes = 0 if x is None else x.nbytes
+        self.out_bytes = 0 if out is None else out.nbytes
+        if self.allocate is not None:
+            self.out_bytes = roots.arrays[ROOT_OUT].nbytes
+        self.owned = tuple(roots.arrays[2:])
+        prologue, exchanges = _fuse(recorder.actions)
+        for exchange in exchanges:
+            for message in exchange.messages:
+                message.ref = roots.ref(message.array)
+                message.tag -= call.tag
+                message.array = None  # bound per call from here on
+        self.prologue_works = self._works_of(prologue, roots)
+        self.exchanges = tuple(exchanges)
+        for exchange in self.exchanges:
+            exchange.during = self._works_of(exchange.during, roots)
+            exchange.after = self._works_of(exchange.after, roots)
+        self.x = self.out = None  # the arrays bound now (the Python replay's; the C one keeps its own)
+        self._bytes: list[numpy.ndarray | None] = [None, None,
+                                                   *(None if a is None else _as_bytes(a) for a in self.owned)]
+        self.compiled = compiled.program(self, ring.busy_poll)
+
+    @staticmethod
+    def _result_of(roots: _Roots, x: Any, out: Any, result: Any) -> tuple[int, Callable[[], Any] | None]:
+        """What a run returns, and how a call without out= gets a new result array."""
+        if result is None:
+            return RESULT_NONE, None
+        if out is not None and result is out:
+            return RESULT_OUT, None
+        if x is not None and result is x:
+            return RESULT_X, None
+        if out is None and type(result) is _NDARRAY:
+            for root in range(2, len(roots.arrays)):
+                if roots.arrays[root] is result:  # the result the collective allocated: made anew per call
+                    roots.arrays[ROOT_OUT], roots.ranges[ROOT_OUT] = result, roots.ranges[root]
+                    roots.arrays[root], roots.ranges[root] = None, None
+                    return RESULT_OUT, _allocator(result.shape, result.dtype)
+        raise Unschedulable("a result the call's arrays do not hold")
+
+    def _works_of(self, works: tuple | list, roots: _Roots) -> tuple:
+        """Recorded work as the C replay takes it (compiled.work_spec), or a call on views of the
+        bound arrays for what only NumPy does exactly. Work on empty arrays does nothing: dropped."""
+        done = []
+        for work in works:
+            if any(a.size == 0 for a in work.arrays):
+                continue
+            refs = tuple(roots.ref(a) for a in work.arrays)
+            spec = compiled.work_spec(work.kind, work.op, work.arrays, refs, work.divisor)
+            if spec is None:
+                views = tuple((*ref, a.shape, a.strides, a.dtype) for ref, a in zip(refs, work.arrays, strict=True))
+                spec = partial(_work_on_views, self, work.kind, work.op, views, work.divisor)
+            done.append(spec)
+        return tuple(done)
+
+    # ---- the cache's bookkeeping ----
+
+    @property
+    def used(self) -> int:
+        """When it last ran, in its communicator's calls (the cache evicts the least recent)."""
+        return self.compiled.used if self.compiled is not None else self._used
+
+    @used.setter
+    def used(self, now: int) -> None:
+        if self.compiled is not None:
+            self.compiled.used = now
+        self._used = now
+
+    @property
+    def runs(self) -> int:
+        """Blocking calls that ran it (in C or in Python)."""
+        return self._runs + (self.compiled.runs if self.compiled is not None else 0)
+
+    def count_run(self) -> None:
+        self._runs += 1
+
+    def free(self) -> None:
+        """Let its buffers go (it must not be running)."""
+        if self.compiled is not None:
+            self.compiled.release()
+            self.compiled = None
+        self.exchanges, self.prologue_works, self._bytes = (), (), []
+
+    # ---- binding ----
+
+    def fits(self, x: Any, out: Any) -> bool:
+        """Whether these arrays (of its layout key) can be bound: `bindable`, and of the recorded
+        sizes. Otherwise the call runs unrecorded."""
+        return ((x is None or x.nbytes == self.x_bytes) and (out is None or out.nbytes == self.out_bytes)
+                and bindable(x, out))
+
+    def bind(self, x: Any, out: Any) -> None:
+        """Bind a call's arrays (checked by `fits`): out is made here when the call gives none."""
+        if out is None and self.allocate is not None:
+            out = self.allocate()
+        self.x, self.out = x, out
+        self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
+        self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
+        if self.compiled is not None:
+            self.compiled.bind(x, out, _address(x), _address(out))
+
+    def unbind(self) -> None:
+        self.x = self.out = None
+        self._bytes[ROOT_X] = self._bytes[ROOT_OUT] = None
+        if self.compiled is not None:
+            self.compiled.unbind()
+
+    def bound_roots(self) -> tuple:
+        """The arrays the roots stand for now: x and out as bound (by the C Shortcut or by `bind`), then its own."""
+        program = self.compiled
+        if program is not None:
+            return (program.x, program.out, *self.owned)
+        return (self.x, self.out, *self.owned)
+
+    def run_result(self) -> Any:
+        """What the run bound last returns."""
+        roots = self.bound_roots()
+        if self.result_kind == RESULT_OUT:
+            return roots[ROOT_OUT]
+        return roots[ROOT_X] if self.result_kind == RESULT_X else None
+
+    # ---- the Python replay (executor.run_exchanges drives it; _replay.c does the same) ----
+
+    @property
+    def length(self) -> int:
+        return len(self.exchanges)
+
+    def step(self, index: int) -> Step:
+        return self.exchanges[index].step
+
+    def prologue(self) -> None:
+        for work in self.prologue_works:
+            _do(self, work)
+
+    def start(self, index: int) -> None:
+        """Post exchange `index`'s messages at the bound buffers, then do its copies in flight."""
+        self.start_messages(index)
+        for work in self.exchanges[index].during:
+            _do(self, work)
+
+    def start_messages(self, index: int) -> None:
+        program = self.compiled
+        if program is not None:
+            compiled.start(program, index)
+            return
+        exchange = self.exchanges[index]
+        requests, comm, tag, roots = exchange.step.requests, self.comm, self.call.tag, self._bytes
+        for m in exchange.messages:
+            root, offset = m.ref
+            buf = _EMPTY if root < 0 else roots[root][offset:offset + m.nbytes]
+            requests[m.index] = (comm.Irecv if m.receive else comm.Isend)([buf, MPI.BYTE], m.peer, tag + m.tag)
+
+    def messages_only(self, x: Any, out: Any) -> Any:
+        """Its messages alone, compiled and bound to these arrays (executor.MessagesOnly); None in Python."""
+        program = compiled.program(self, self.compiled is not None and self.compiled.busy, with_work=False)
+        if program is not None:
+            if out is None and self.allocate is not None:
+                out = self.allocate()
+            program.bind(x, out, _address(x), _address(out))
+        else:
+            self.bind(x, out)
+        return program
+
+    def finish(self, index: int) -> None:
+        """The work once exchange `index` has arrived (its sizes checked)."""
+        for work in self.exchanges[index].after:
+            _do(self, work)
+
+
+_EMPTY = numpy.empty(0, numpy.uint8)
+
+
+def bindable(x: Any, out: Any) -> bool:
+    """Whether a schedule can be bound to these arrays: NumPy arrays, C-contiguous, out writable,
+    x and out the same array or apart."""
+    if x is not None and not (x.__class__ is _NDARRAY and x.flags.c_contiguous):
+        return False
+    if out is None:
+        return True
+    if not (out.__class__ is _NDARRAY and out.flags.c_contiguous and out.flags.writeable):
+        return False
+    if x is None or x is out or not (x.nbytes and out.nbytes):
+        return True
+    x_low, x_high = _extent(x)
+    out_low, out_high = _extent(out)
+    return x_high <= out_low or out_high <= x_low
+
+
+def _as_bytes(a: numpy.ndarray) -> numpy.ndarray:
+    return a.reshape(-1).view(numpy.uint8)
+
+
+def _address(a: Any) -> int:
+    return 0 if a is None else a.__array_interface__["data"][0]
+
+
+def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray]:
+    """What makes a call's result when it gives no out=: numpy.empty itself for small ones (the
+    cheapest allocation, called from C), 2 MiB pages where they pay (host_memory)."""
+    if math.prod(shape) * dtype.itemsize < host_memory.OWN_HUGE_FROM_BYTES:
+        return partial(numpy.empty, shape, dtype)
+    return partial(host_memory.empty, shape, dtype, huge_from=host_memory.OWN_HUGE_FROM_BYTES)
+
+
+def _do(schedule: Schedule, work: Any) -> None:
+    """Work in the Python replay: the C spec's arithmetic in NumPy, or the recorded call."""
+    if callable(work):
+        work()
+    else:
+        compiled.work_in_python(schedule.bound_roots(), work)
+
+
+def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, divisor: int) -> None:
+    """Work only NumPy does exactly (float min and max, float16, complex products...) on views of the bound arrays."""
+    roots = schedule.bound_roots()
+    arrays = [numpy.ndarray(shape, dtype, buffer=roots[root], offset=offset, strides=strides)
+              for root, offset, shape, strides, dtype in views]
+    if kind == "copy":
+        numpy.copyto(arrays[0], arrays[1])
+    elif kind == "divide":
+        numpy.true_divide(arrays[1], divisor, out=arrays[0])
+    else:
+        getattr(numpy, UFUNC_NAMES[op])(arrays[1], arrays[2], out=arrays[0])
+
+
+def _fuse(actions: list[tuple[str, Any]]) -> tuple[list[_Work], list[_Exchange]]:
+    """The recorded actions as prologue work, then exchanges (post a step, copies in flight,
+    wait for it, work after it). Steps posted before the previous one was waited for (the
+    pipelined algorithms), or anything but copies in flight, cannot be a schedule."""
+    prologue, i = _works_from(actions, 0)
+    exchanges = []
+    while i < len(actions):
+        kind, item = actions[i]
+        if kind != "post":
+            raise Unschedulable("a step waited for out of order")
+        step, messages = item
+        during, i = _works_from(actions, i + 1)
+        if not (i < len(actions) and actions[i][0] == "wait" and actions[i][1] is step):
+            raise Unschedulable("steps that overlap")
+        if any(work.kind != "copy" for work in during):
+            raise Unschedulable("arithmetic while messages are in flight")
+        after, i = _works_from(actions, i + 1)
+        exchanges.append(_Exchange(step, messages, tuple(during), tuple(after)))
+    return prologue, exchanges
+
+
+def _works_from(actions: list[tuple[str, Any]], i: int) -> tuple[list[_Work], int]:
+    works = []
+    while i < len(actions) and actions[i][0] == "work":
+        works.append(actions[i][1])
+        i += 1
+    return works, i
+
+
+def build_schedule(ring: Ring, call: Call, body: Callable[[Any], Any], x: Any, out: Any) -> Schedule:
+    """Record the steps `body` takes for `call` on these arrays (no message moves); raises
+    Unschedulable where the call cannot be one."""
+    roots = _Roots(x, out)
+    recorder = Recorder(ring, roots)
+    host = RecordingHost(recorder)
+    ring.recorder = recorder
+    try:
+        steps = body(host)
+        try:
+            step = next(steps)
+            while True:
+                recorder.wait(step)
+                step = steps.send(None)
+        except StopIteration as finished:
+            result = finished.value
+        for step in recorder.unwaited:
+            recorder.wait(step)
+    finally:
+        ring.recorder = None
+    call.step = 0
+    return Schedule(ring, call, recorder, host, x, out, result)

@@ -1,0 +1,205 @@
+"""Schedules bound at run time (mpiring.engine.schedule): one recorded call of a layout serves every
+later call of that layout, whatever arrays it passes, and never runs on memory that no longer is
+what it was recorded for. Each case runs with the C replay and with the Python one, against NumPy
+oracles on regenerated inputs, and counts the schedule's runs (never a timing)."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import all_inputs, assert_same, numpy_reduce
+
+import mpiring
+from mpiring.engine import compiled
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+
+
+@pytest.fixture(params=["compiled", "python"])
+def comm(request, monkeypatch):
+    if request.param == "compiled" and not compiled.available():
+        pytest.skip("the C replay was not built")
+    monkeypatch.setenv("MPIRING_COMPILED", "1" if request.param == "compiled" else "0")
+    made = mpiring.Communicator()
+    yield made
+    made.free()
+
+
+def _sum(seed, shape, dtype=np.float64):
+    inputs = all_inputs(seed, N, shape, dtype)
+    return inputs[RANK], numpy_reduce("sum", inputs)
+
+
+def _record(comm, shape, dtype=np.float64, **arguments):
+    """Call twice with one layout, so that it is recorded; its schedule."""
+    for seed in range(2):
+        x, want = _sum(seed, shape, dtype)
+        assert_same(comm.allreduce(x, out=np.empty(shape, dtype), **arguments), want, f"call {seed}")
+    schedule = comm.plan_of("allreduce", np.empty(shape, dtype), np.empty(shape, dtype), **arguments)
+    assert schedule is not None
+    return schedule
+
+
+def test_new_arrays_of_a_layout_replay_its_schedule(comm):
+    schedule = _record(comm, (3, 5))
+    runs = schedule.runs
+    for seed in range(2, 6):
+        x, want = _sum(seed, (3, 5))
+        out = np.empty((3, 5))
+        assert comm.allreduce(x, out=out) is out
+        assert_same(out, want, f"call {seed}")
+    assert schedule.runs == runs + 4
+    assert comm.plan_of("allreduce", x, out) is schedule
+
+
+def test_views_at_offsets_bind_where_they_are_and_strided_ones_stay_right(comm):
+    schedule = _record(comm, (6,))
+    runs = schedule.runs
+    x, want = _sum(7, (6,))
+    pool = np.full(40, np.nan)
+    pool[3:9] = x
+    got = comm.allreduce(pool[3:9], out=pool[20:26])  # contiguous views at offsets of one array
+    assert got.base is pool
+    assert_same(pool[20:26], want, "views at offsets")
+    assert np.isnan(pool[:3]).all() and np.isnan(pool[9:20]).all() and np.isnan(pool[26:]).all()
+    strided = np.zeros(12)
+    strided[::2] = x
+    assert_same(comm.allreduce(strided[::2], out=np.empty(6)), want, "a strided x (copied, then bound)")
+    assert schedule.runs == runs + 2
+    out = np.full(12, np.nan)
+    assert comm.allreduce(x, out=out[::2]) is not None  # a strided out: unrecorded, and right
+    assert_same(out[::2], want, "a strided out")
+    assert np.isnan(out[1::2]).all()
+    assert schedule.runs == runs + 2
+
+
+def test_without_out_every_call_gets_a_new_array(comm):
+    x, want = _sum(3, (4,))
+    results = [comm.allreduce(x) for _ in range(4)]
+    assert len({id(r) for r in results}) == 4
+    for r in results:
+        assert_same(r, want, "no out=")
+    results[-1][:] = -1  # the caller owns it: the next call is unaffected
+    assert_same(comm.allreduce(x), want, "after the caller wrote its result")
+
+
+def test_a_freed_array_and_a_new_one_at_its_address(comm):
+    schedule = _record(comm, (1000,))
+    out = np.empty(1000)
+    for seed in range(3):
+        x, want = _sum(10 + seed, (1000,))
+        address = x.__array_interface__["data"][0]
+        assert_same(comm.allreduce(x, out=out), want, f"array {seed}")
+        del x
+        gc.collect()
+        again, want = _sum(20 + seed, (1000,))  # often the freed memory
+        assert_same(comm.allreduce(again, out=out), want, f"at {address:#x}, reused: "
+                    f"{again.__array_interface__['data'][0] == address}")
+        del again
+    assert schedule.runs >= 6
+
+
+def test_another_dtype_or_shape_is_another_schedule(comm):
+    first = _record(comm, (4, 3))
+    second = _record(comm, (12,))
+    third = _record(comm, (4, 3), np.float32)
+    assert len({id(first), id(second), id(third)}) == 3
+    x = _sum(5, (4, 3))[0].copy()
+    out = np.empty((4, 3))
+    x.shape = out.shape = (12,)  # reshaped in place: the other layout's schedule, and right
+    assert_same(comm.allreduce(x, out=out), _sum(5, (12,))[1], "reshaped in place")
+
+
+def test_in_place_is_its_own_layout(comm):
+    for seed in range(4):
+        x, want = _sum(seed, (9,))
+        assert comm.allreduce(x, out=x) is x
+        assert_same(x, want, f"in place {seed}")
+    schedule = comm.plan_of("allreduce", x, x)
+    assert schedule is not None and schedule is not comm.plan_of("allreduce", x, np.empty(9))
+
+
+def test_overlapping_x_and_out_are_right(comm):
+    _record(comm, (6,))
+    x, want = _sum(4, (6,))
+    pool = np.zeros(9)
+    pool[:6] = x
+    assert_same(comm.allreduce(pool[:6], out=pool[3:9]), want, "x and out overlapping")
+
+
+def test_an_array_changed_under_its_schedule(comm):
+    """The same array objects, changed between calls: restrided, resized, made read-only."""
+    _record(comm, (8,))
+    base = np.zeros(16)
+    x = base[:8]
+    x[:], want = _sum(30, (8,))
+    out = np.empty(8)
+    assert_same(comm.allreduce(x, out=out), want, "as recorded")
+    with warnings.catch_warnings():  # NumPy deprecates it, but a caller may still do it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        x.strides = (16,)  # the same object, shape and dtype: every other element of base now
+    x[:], want = _sum(31, (8,))
+    assert_same(comm.allreduce(x, out=out), want, "restrided")
+    y, want = _sum(32, (8,))
+    y = y.copy()
+    y.resize(1 << 20, refcheck=False)
+    y.resize(8, refcheck=False)  # the same object, probably moved
+    assert_same(comm.allreduce(y, out=out), want, "resized and back")
+    out.flags.writeable = False
+    with pytest.raises(mpiring.ArgumentError, match="read-only"):
+        comm.allreduce(y, out=out)
+
+
+def test_the_drop_in_replays_the_schedule(comm):
+    """Every uppercase call makes new views of its buffers: they bind to the same schedule."""
+    x, want = _sum(40, (7,))
+    y = np.empty(7)
+    for _ in range(2):
+        comm.Allreduce(x, y)
+    schedule = comm.plan_of("allreduce", x, y)
+    assert schedule is not None
+    runs = schedule.runs
+    for seed in range(41, 44):
+        x, want = _sum(seed, (7,))
+        y = np.empty(7)
+        comm.Allreduce(x, y, op=MPI.SUM)
+        assert_same(y, want, f"drop-in {seed}")
+    assert schedule.runs == runs + 3
+
+
+@pytest.mark.parametrize("name", ["broadcast", "reduce", "reduce_scatter", "alltoall", "scan", "exscan"])
+def test_every_collective_of_a_known_layout_replays_on_new_arrays(comm, name):
+    rows = 2 * N
+    root = N - 1
+    call = {
+        "broadcast": lambda x: comm.broadcast(x, root=root),
+        "reduce": lambda x: comm.reduce(x, root=root),
+        "reduce_scatter": lambda x: comm.reduce_scatter(x),
+        "alltoall": lambda x: comm.alltoall(x),
+        "scan": lambda x: comm.scan(x),
+        "exscan": lambda x: comm.exscan(x),
+    }[name]
+    for seed in range(5):
+        inputs = all_inputs(seed, N, (rows, 2), np.float64)
+        got = call(inputs[RANK].copy())  # a new array every call
+        expected = {
+            "broadcast": inputs[root],
+            "reduce": numpy_reduce("sum", inputs) if RANK == root else None,
+            "reduce_scatter": np.array_split(numpy_reduce("sum", inputs), N)[RANK],
+            "alltoall": np.concatenate([np.split(inputs[k], N)[RANK] for k in range(N)]),
+            "scan": numpy_reduce("sum", inputs[: RANK + 1]),
+            "exscan": numpy_reduce("sum", inputs[:RANK]) if RANK else None,
+        }[name]
+        if expected is None:
+            assert got is None
+        else:
+            assert_same(got, expected, f"{name} call {seed}")
+    assert comm.plan_of(name, inputs[RANK], None, root=root if name in ("broadcast", "reduce") else None) is not None
