@@ -14,11 +14,10 @@ This module never imports an array library other than NumPy: a foreign array is 
 the protocols it offers, and its library, already loaded since the caller holds one of its
 arrays, is found in `sys.modules`.
 
-Plans: mpiring records a plan for a blocking call made twice with the very same arrays (their
-identity). A view made anew on every call would never be the same object, so `stable` hands out
-one NumPy view per memory layout (address, shape, strides, dtype): the same tensor called twice
-gets the same view, and its calls are planned. These views do not own their memory; one is used
-only while the caller holds an array with exactly that layout, which owns it.
+Plans: the engine keys a host call's schedule by the layout of its arrays (shape, dtype,
+contiguity), not by the arrays themselves, so a view made anew on every call finds the schedule
+of the calls before it. Every view here is the one DLPack gave: it holds the exporter's memory
+alive for as long as the call (or its request) holds the view.
 
 Device streams: a DLPack export orders the producer's work before the consumer's stream
 (`cupy.from_dlpack` passes CuPy's current stream); mpiring then works on CuPy's current stream.
@@ -28,7 +27,6 @@ There is no `stream=` argument: work on the current stream (docs/pytorch-and-jax
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from typing import Any
 
 import numpy
@@ -40,10 +38,6 @@ _HOST_DEVICES = frozenset((1, 3))  # kDLCPU, kDLCUDAHost (pinned host memory)
 _DEVICE_DEVICES = frozenset((2, 13))  # kDLCUDA, kDLCUDAManaged
 
 _NO_COPY = numpy.lib.NumpyVersion(numpy.__version__) >= "2.1.0"  # from_dlpack(copy=False)
-
-# At most this many layouts keep a stable view (each a small object that owns no memory)
-STABLE_VIEWS = 1024
-_views: OrderedDict[tuple, numpy.ndarray] = OrderedDict()
 
 
 def is_foreign(x: Any) -> bool:
@@ -57,22 +51,21 @@ def is_foreign(x: Any) -> bool:
     return hasattr(kind, "__dlpack__") or hasattr(kind, "__cuda_array_interface__")
 
 
-def native(collective: str, name: str, x: Any, writable: bool = False, owned: bool = False) -> Any:
-    """A foreign array `x` as a NumPy (host) or CuPy (device) array over the same memory; on any
-    problem, an `Unconverted` that the collective's own argument check raises (so a refusal
-    takes the same path as any bad argument: before a message moves, every rank kept in step).
+def native(collective: str, name: str, x: Any, writable: bool = False) -> Any:
+    """A foreign array `x` as a NumPy (host) or CuPy (device) array over the same memory, which
+    keeps that memory alive; on any problem, an `Unconverted` that the collective's own argument
+    check raises (so a refusal takes the same path as any bad argument: before a message moves,
+    every rank kept in step).
 
-    `writable`: `x` receives a result (out=): a read-only export is refused. A host array is
-    the stable view of its layout (see `stable`), which does not keep x's memory alive; `owned`:
-    the view DLPack gave, which does (for a call that may outlive the caller's reference).
+    `writable`: `x` receives a result (out=): a read-only export is refused.
     """
     try:
-        return _native(collective, name, x, writable, owned)
+        return _native(collective, name, x, writable)
     except ArgumentError as error:
         return Unconverted(error)
 
 
-def _native(collective: str, name: str, x: Any, writable: bool, owned: bool) -> Any:
+def _native(collective: str, name: str, x: Any, writable: bool) -> Any:
     kind = type(x).__name__
     if not hasattr(type(x), "__dlpack__"):  # the CUDA array interface alone: device memory
         return _device_view(collective, name, x, writable)
@@ -91,7 +84,7 @@ def _native(collective: str, name: str, x: Any, writable: bool, owned: bool) -> 
         raise ArgumentError(collective, name, f"this {kind} is read-only (its library exports it so; JAX "
                             "arrays are immutable): a result cannot be written into it; pass a writable "
                             "array as out=, or none and take the result")
-    return view if owned else stable(view)
+    return view
 
 
 def _from_dlpack(x: Any) -> numpy.ndarray:
@@ -141,37 +134,6 @@ def _device_view(collective: str, name: str, x: Any, writable: bool) -> Any:
                                 f"without a copy: {error}{_hint(error)}") from error
 
 
-def stable(view: numpy.ndarray) -> numpy.ndarray:
-    """One NumPy array per memory layout: the same object for every view of the same memory with
-    the same shape, strides, dtype and writability, so that repeated calls find their plan."""
-    if view.size == 0:
-        return view
-    interface = view.__array_interface__
-    key = (interface["data"], view.shape, view.strides, view.dtype)
-    known = _views.get(key)
-    if known is not None:
-        _views.move_to_end(key)
-        return known
-    known = _unowned(interface, view.dtype)
-    _views[key] = known
-    if len(_views) > STABLE_VIEWS:
-        _views.popitem(last=False)
-    return known
-
-
-class _Layout:
-    """Memory described by the array interface alone: an array made from it owns nothing."""
-
-    def __init__(self, interface: dict) -> None:
-        self.__array_interface__ = {key: interface[key] for key in ("data", "shape", "strides", "typestr", "descr")}
-        self.__array_interface__["version"] = 3
-
-
-def _unowned(interface: dict, dtype: numpy.dtype) -> numpy.ndarray:
-    array = numpy.asarray(_Layout(interface))
-    return array if array.dtype == dtype else array.view(dtype)  # ml_dtypes' bfloat16 travels as raw void
-
-
 def library_of(like: Any) -> Any:
     """The loaded top-level module of `like`'s type (torch for a tensor), or None."""
     return sys.modules.get(type(like).__module__.partition(".")[0])
@@ -194,15 +156,15 @@ def as_kind(result: Any, like: Any) -> Any:
     return result
 
 
-def convert(collective: str, x: Any, out: Any, owned: bool = False) -> tuple[Any, Any]:
+def convert(collective: str, x: Any, out: Any) -> tuple[Any, Any]:
     """x and out, each a native array where it was a foreign one (see native)."""
     if out is x and is_foreign(x):  # in place (torch.distributed's way): one view serves both
-        x = out = native(collective, "out", x, writable=True, owned=owned)
+        x = out = native(collective, "out", x, writable=True)
         return x, out
     if is_foreign(x):
-        x = native(collective, "x", x, owned=owned)
+        x = native(collective, "x", x)
     if is_foreign(out):
-        out = native(collective, "out", out, writable=True, owned=owned)
+        out = native(collective, "out", out, writable=True)
     return x, out
 
 
@@ -236,29 +198,16 @@ class ConvertedRequest:
         return getattr(self._request, name)
 
 
-# The caller's arrays of blocking calls that failed past their argument checks: the ring keeps
-# such a call's buffers (MPI may still write into them), which for foreign arrays are views
-# that own nothing, so their owners are kept here, for the life of the process.
-_failed_calls: list[tuple[Any, Any]] = []
-
-
 def call(run: Any, collective: str, x: Any, out: Any, *rest: Any) -> Any:
     """Run a blocking call (`run`: the communicator's) on native views of x and out, and give its
     result back as the caller's kind."""
     native_x, native_out = convert(collective, x, out)
-    try:
-        value = run(collective, native_x, native_out, *rest)
-    except ArgumentError:
-        raise
-    except BaseException:
-        _failed_calls.append((x, out))
-        raise
-    return result(value, native_out, x, out)
+    return result(run(collective, native_x, native_out, *rest), native_out, x, out)
 
 
 def start(run: Any, collective: str, x: Any, out: Any, *rest: Any) -> ConvertedRequest:
-    """Start a nonblocking or persistent call (`run`: the communicator's) on views of x and out
-    that keep their memory alive (the request holds them while the call may use them, whatever
-    the caller drops); its request gives the result back as the caller's kind."""
-    native_x, native_out = convert(collective, x, out, owned=True)
+    """Start a nonblocking or persistent call (`run`: the communicator's) on native views of x
+    and out (which its request holds, and so their memory, whatever the caller drops); its
+    request gives the result back as the caller's kind."""
+    native_x, native_out = convert(collective, x, out)
     return ConvertedRequest(run(collective, native_x, native_out, *rest), x, out, native_out)

@@ -139,7 +139,7 @@ def test_the_same_tensor_twice_is_planned(comm):
     out = torch.empty(6)
     for _ in range(3):
         comm.allreduce(t, out=out)
-    x, o = interop.convert("allreduce", t, out)
+    x, o = interop.convert("allreduce", t, out)  # new views: the engine knows the call by their layout
     assert comm.plan_of("allreduce", x, o) is not None
     assert_same(out.numpy(), np.full(6, float(N), np.float32), "planned")
 
@@ -199,6 +199,6 @@ def test_nonblocking_calls_keep_the_memory_alive(comm):
     request = comm.iallreduce(t, out=t)
     x, out = request._request.arrays  # what the engine holds while the call is in flight
     assert x is out and address(x) == t.data_ptr()
-    assert x.base is not None and not isinstance(x.base, interop._Layout)  # DLPack's view: it owns the memory
+    assert x.base is not None  # DLPack's view: its capsule keeps the tensor's memory alive
     del t
     assert_same(request.wait().numpy(), np.full(4, float(N), np.float32), "after the caller let go")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpiring
-from mpiring.torch.tensors import view as _view
+from mpiring.torch.tensors import view
 from mpiring.torch.work import Pending, Work, of_mpi, of_request
 
 _RedOpType = dist.ReduceOp.RedOpType
@@ -31,16 +31,6 @@ _OPS = {
     _RedOpType.SUM: "sum", _RedOpType.AVG: "avg", _RedOpType.MIN: "min", _RedOpType.MAX: "max",
     _RedOpType.PRODUCT: "prod", _RedOpType.BAND: "band", _RedOpType.BOR: "bor", _RedOpType.BXOR: "bxor",
 }
-
-
-def _viewer(opts: Any) -> Callable[..., Any]:
-    """How a call sees its tensors: views that keep them alive where the call may outlive the
-    caller's reference (async_op, the default of a call made from C++, as DDP's are)."""
-    return _owned if getattr(opts, "asyncOp", True) else _view
-
-
-def _owned(tensor: torch.Tensor, flat: bool = False) -> Any:
-    return _view(tensor, flat, owned=True)
 
 
 def _op(op: Any) -> str:
@@ -117,7 +107,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         opts = opts or dist.AllreduceOptions()
         op = _op(opts.reduceOp)
         if len(tensors) == 1:  # the common case, kept lean
-            x = _viewer(opts)(tensors[0])
+            x = view(tensors[0])
             return self._run(opts, "allreduce", (x, op), {"out": x}, tensors)
         return self._each([self.allreduce([t], opts) for t in tensors], tensors)
 
@@ -130,7 +120,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.BroadcastOptions()
-        works, view = [], _viewer(opts)
+        works = []
         for tensor in tensors:
             x = view(tensor)
             works.append(self._run(opts, "broadcast", (x, opts.rootRank), {"out": x}, [tensor]))
@@ -139,7 +129,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         opts = opts or dist.ReduceOptions()
         op, root = _op(opts.reduceOp), opts.rootRank
-        works, view = [], _viewer(opts)
+        works = []
         for tensor in tensors:
             x = view(tensor)
             out = x if self.comm.rank == root else None
@@ -149,7 +139,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
         """Every rank's `input`, in rank order, in `output` (size times as long)."""
         _same_kind("all_gather_single", input, output)
-        view = _viewer(opts)
         x = view(input, flat=True)
         return self._run(opts, "allgather", (x,), {"out": view(output, flat=True), "counts": self._equal(x.size)},
                          [output])
@@ -169,7 +158,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         """`input` split in size equal parts, reduced over the ranks: part `rank` in `output`."""
         opts = opts or dist.ReduceScatterOptions()
         _same_kind("reduce_scatter_single", input, output)
-        view = _viewer(opts)
         out = view(output, flat=True)
         return self._run(opts, "reduce_scatter", (view(input, flat=True), _op(opts.reduceOp)),
                          {"out": out, "counts": self._equal(out.size)}, [output])
@@ -191,7 +179,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         opts = opts or dist.GatherOptions()
         root = opts.rootRank
         (tensor,) = input_tensors
-        view = _viewer(opts)
         x = view(tensor, flat=True)
         whole = out = finish = None
         if self.comm.rank == root:
@@ -208,7 +195,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         root = opts.rootRank
         (output,) = output_tensors
         whole = x = None
-        view = _viewer(opts)
         if self.comm.rank == root:
             whole = torch.cat([t.detach().reshape(-1) for t in input_tensors[0]])
             x = view(whole, flat=True)
@@ -222,7 +208,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         parts when empty); `output` takes `output_split_sizes[i]` rows from each rank i."""
         opts = opts or dist.AllToAllOptions()
         _same_kind("all_to_all_single", input, output)
-        view = _viewer(opts)
         x, out = view(input, flat=True), view(output, flat=True)
         if not output_split_sizes and not input_split_sizes:
             return self._run(opts, "alltoall", (x,), {"out": out}, [output])
@@ -240,7 +225,6 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         opts = opts or dist.AllToAllOptions()
         whole_in = torch.cat([t.detach().reshape(-1) for t in input_tensors])
         whole_out = whole_in.new_empty(sum(t.numel() for t in output_tensors))
-        view = _viewer(opts)
         work = self._run(opts, "alltoallv", (view(whole_in, flat=True), [t.numel() for t in input_tensors],
                                              [t.numel() for t in output_tensors]),
                          {"out": view(whole_out, flat=True)}, output_tensors,
@@ -258,7 +242,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
         (tensor,) = tensors
         data = tensor.detach().cpu() if tensor.is_cuda else tensor  # device tensors travel through the host
-        buffer = _owned(data, flat=True).view("u1")
+        buffer = view(data, flat=True).view("u1")
         request = self._p2p.Isend([buffer, MPI.BYTE], dst, tag)
         work = Work(tensors, (of_mpi(request),))
         work._keep = data
@@ -274,7 +258,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         (tensor,) = tensors
         data = torch.empty_like(tensor, device="cpu") if tensor.is_cuda else tensor
         status = MPI.Status()
-        request = self._p2p.Irecv([_owned(data, flat=True).view("u1"), MPI.BYTE], src, tag)
+        request = self._p2p.Irecv([view(data, flat=True).view("u1"), MPI.BYTE], src, tag)
         work: Work
 
         def finish() -> None:
