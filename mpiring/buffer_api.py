@@ -48,7 +48,7 @@ from mpi4py.util import dtlib
 
 from mpiring.backend import NUMPY, SUPPORTED_DTYPES, backend_for
 from mpiring.engine.partition import split_bounds
-from mpiring.errors import ArgumentError, ArgumentTypeError
+from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
 
 # mpi4py's predefined ops and the lowercase op each one runs as
 _OPS = (
@@ -234,9 +234,10 @@ def _instances(collective: str, argument: str, flat: numpy.ndarray, layout: _Lay
 _DLPACK_CPU = 1  # DLPack's kDLCPU device type
 
 
-def _host_array(collective: str, argument: str, buf: Any, datatype: Any) -> numpy.ndarray:
+def _host_array(collective: str, argument: str, buf: Any, datatype: Any, refused: str | None = None) -> numpy.ndarray:
     """A buffer object's memory as a NumPy array (a DLPack object's as bytes, which the spec's
-    datatype then reads); what is not host memory refused by name."""
+    datatype then reads); what is not host memory refused by name (`refused`: why its own DLPack
+    export could not give its dtype)."""
     try:
         return numpy.asarray(memoryview(buf))
     except TypeError:
@@ -259,8 +260,9 @@ def _host_array(collective: str, argument: str, buf: Any, datatype: Any) -> nump
                                     "buffers are not supported by the uppercase API; pass CuPy arrays to the "
                                     "lowercase collectives")
         if datatype is None:
-            raise ArgumentTypeError(collective, argument, f"{kind} offers its memory through DLPack, whose element "
-                                    "type the uppercase API does not read: DLPack buffers without a datatype are not "
+            why = f" ({refused})" if refused else ""
+            raise ArgumentTypeError(collective, argument, f"{kind} offers its memory through DLPack, which could not "
+                                    f"give its element type{why}: DLPack buffers without a datatype are not "
                                     "supported; name one ([buf, MPI.DOUBLE]) or pass a NumPy array")
         try:  # mpi4py's own DLPack import: the memory as writable bytes, kept alive by the array
             return numpy.asarray(MPI.buffer(buf))
@@ -276,11 +278,20 @@ def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
     as _Instances of a datatype of several elements (derived) or of long double."""
     if isinstance(buf, (MPI.Datatype, list, tuple)):
         raise ArgumentTypeError(collective, argument, f"expected a buffer first in the spec, got {type(buf).__name__}")
+    refused = None  # why another library's array could not be seen with its own dtype
+    if datatype is None and _foreign_host_array(buf):  # a tensor, a JAX array...: a view with its own dtype
+        from mpiring import interop
+
+        seen = interop.native(collective, argument, buf)
+        if isinstance(seen, Unconverted):
+            refused = seen.error.problem
+        else:
+            buf = seen
     if backend_for(buf) is not NUMPY:
         raise ArgumentTypeError(collective, argument, "device arrays are not supported by the uppercase API: "
                                 "use the lowercase collectives (comm.allreduce(x, out=y), ...)")
     if not isinstance(buf, numpy.ndarray):
-        buf = _host_array(collective, argument, buf, datatype)
+        buf = _host_array(collective, argument, buf, datatype, refused)
     if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
         raise ArgumentError(collective, argument, "the buffer is not contiguous (MPI reads and writes it as one "
                             "block of memory): pass a contiguous array")
@@ -303,6 +314,22 @@ def _items(collective: str, argument: str, buf: Any, datatype: Any) -> Any:
                                 f"of {dtype} elements")
         flat = flat.view(numpy.uint8).view(dtype)
     return flat
+
+
+def _foreign_host_array(buf: Any) -> bool:
+    """Whether `buf` is another library's array in host memory without the buffer protocol
+    (a CPU torch tensor, a JAX array: mpiring.interop decides, loaded only then), whose dtype
+    comes with it through DLPack. Device buffers are refused as any other (_host_array)."""
+    if buf is None or isinstance(buf, (numpy.ndarray, bytes, bytearray, memoryview)):
+        return False
+    from mpiring import interop
+
+    if not interop.is_foreign(buf) or hasattr(buf, "__cuda_array_interface__"):
+        return False
+    try:
+        return buf.__dlpack_device__()[0] == _DLPACK_CPU
+    except Exception:  # noqa: BLE001 - the object's own failure: _host_array names it
+        return False
 
 
 def _count(collective: str, argument: str, value: Any) -> int:

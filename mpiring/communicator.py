@@ -279,10 +279,12 @@ class Communicator(BufferAPI):
 
     def _blocking_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
                             algorithm: Any, timeout: Any) -> Any:
-        if x.__class__ is _NDARRAY or x is None:
-            if out is None or out.__class__ is _NDARRAY:
-                return self._on_host_arrays(collective, x, out, op, root, counts, algorithm, timeout)
-        elif collective in SAME_SIZE_EVERYWHERE:
+        if (x.__class__ is _NDARRAY or x is None) and (out is None or out.__class__ is _NDARRAY):
+            return self._on_host_arrays(collective, x, out, op, root, counts, algorithm, timeout)
+        if _foreign(x, out):  # another library's arrays: the call runs on views of their memory
+            from mpiring import interop
+            return interop.call(self._blocking, collective, x, out, op, root, counts, algorithm, timeout)
+        if x.__class__ is not _NDARRAY and x is not None and collective in SAME_SIZE_EVERYWHERE:
             backend = backend_for(x)
             if backend.host_bytes and _fits_on_host(backend, x, out):
                 return backend.run_on_host(x, out, lambda host_x, host_out: self._blocking(
@@ -457,6 +459,9 @@ class Communicator(BufferAPI):
         self._cache.clear(keep=self._ring.abandoned)  # their messages carry the old tag
 
     def _start(self, collective: str, *args: Any) -> CollectiveRequest:
+        if _foreign(args[0], args[1]):  # x, out of another library: see _blocking_in_python
+            from mpiring import interop
+            return interop.start(self._start, collective, *args)
         try:
             built = self._build(collective, *args)
             call = built.call
@@ -470,6 +475,9 @@ class Communicator(BufferAPI):
             raise
 
     def _persistent(self, collective: str, x: Any, out: Any, *args: Any) -> PersistentRequest:
+        if _foreign(x, out):  # see _blocking_in_python
+            from mpiring import interop
+            return interop.start(self._persistent, collective, x, out, *args)
         ring = self._ring
         try:
             built = self._build(collective, x, out, *args)
@@ -884,6 +892,18 @@ class Communicator(BufferAPI):
                     timeout: float | None = None) -> PersistentRequest:
         """Persistent `exscan`."""
         return self._persistent("exscan", x, out, op, None, None, algorithm, timeout)
+
+
+def _foreign(x: Any, out: Any) -> bool:
+    """Whether x or out is another library's array (PyTorch, JAX, ...: mpiring.interop, loaded
+    only once an argument is neither a NumPy array nor None)."""
+    for array in (x, out):
+        if array is not None and array.__class__ is not _NDARRAY:
+            from mpiring import interop
+
+            if interop.is_foreign(array):
+                return True
+    return False
 
 
 def _counts_pair(send_counts: Any, recv_counts: Any) -> tuple[Any, Any]:

@@ -112,3 +112,15 @@ class ConcurrentUseError(MpiringError, RuntimeError):
         self.collective = collective
         super().__init__(f"{collective}: called from a second thread; a Communicator serves the thread that "
                          "first called it (make one per thread), and this one is now broken on this rank")
+
+
+class Unconverted:
+    """Stands in for an argument that could not be seen as an array (mpiring.interop): the
+    collective's own argument check raises `error` in its place, so the refusal takes the path
+    of any bad argument (raised before a message moves, the ranks' calls kept in step), and an
+    argument the collective ignores (x off scatter's root, out= off reduce's) stays ignored."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: ArgumentError) -> None:
+        self.error = error

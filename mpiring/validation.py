@@ -13,7 +13,7 @@ import numpy
 
 from mpiring.algorithms import ALGORITHMS, DEFAULT_ALGORITHM
 from mpiring.backend import NUMPY, SUPPORTED_DTYPES, NumpyBackend, is_bfloat16
-from mpiring.errors import ArgumentError, ArgumentTypeError
+from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
 from mpiring.ops import OPS, op_problem
 from mpiring.selection import AUTO, environment_choice
 
@@ -22,6 +22,8 @@ _DTYPE_NAMES = ", ".join(sorted(d.name for d in SUPPORTED_DTYPES))
 
 def check_array(collective: str, name: str, x: Any, backend: NumpyBackend, *, split: bool = False) -> Any:
     """`x` as an array of a supported dtype; with split=True it must have an axis 0 to split."""
+    if type(x) is Unconverted:  # a foreign array that could not be shared (mpiring.interop)
+        raise x.error
     if type(x) is not numpy.ndarray and isinstance(x, numpy.ma.MaskedArray):  # plain arrays skip the lookup
         raise ArgumentTypeError(collective, name, "masked arrays are not supported (the mask would be dropped "
                                 "and masked values reduced): pass x.filled(value) or x.data")
@@ -108,6 +110,8 @@ def check_algorithm(collective: str, algorithm: Any) -> str:
 
 def out_problem(out: Any, shape: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> str | None:
     """Why `out` cannot receive a result of this shape and dtype, or None when it can."""
+    if type(out) is Unconverted:
+        return out.error.problem
     if not backend.is_array(out):
         return f"must be a {backend.name} array, got {type(out).__name__}"
     if not out.dtype.isnative:  # (a non-native dtype may even compare equal to a native one by name)

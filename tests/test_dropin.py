@@ -659,6 +659,13 @@ class _DLPackOnly:
         return self.array.__dlpack_device__()
 
 
+class _LegacyDLPack(_DLPackOnly):
+    """A DLPack exporter that takes none of the newer keywords, so NumPy cannot import it."""
+
+    def __dlpack__(self):
+        return self.array.__dlpack__()
+
+
 class _DeviceOnly:
     """A buffer offered through the CUDA array interface alone."""
 
@@ -686,6 +693,16 @@ def test_dlpack_buffers_with_a_datatype(comm, form):
     assert_same(out, want, f"Allreduce ({form}) of DLPack objects")
 
 
+def test_dlpack_buffers_without_a_datatype_bring_their_own(comm):
+    """A DLPack host object (a CPU tensor, a JAX array) in a spec without a datatype is read with
+    the dtype its DLPack export gives, as mpi4py reads it."""
+    x, out = data(4, RANK, 6, np.float32), np.zeros(6, np.float32)
+    comm.Allreduce(_DLPackOnly(x), _DLPackOnly(out), MPI.SUM)
+    want = np.empty(6, np.float32)
+    WORLD.Allreduce(x, want, MPI.SUM)
+    assert_same(out, want, "Allreduce of DLPack objects without a datatype")
+
+
 def _user_op():
     return MPI.Op.Create(lambda a, b, t: None, commute=True)
 
@@ -708,7 +725,7 @@ BAD_CALLS = [
     ("reductions of long double", "recvbuf", lambda c: c.Scan(np.zeros(2, np.clongdouble),
                                                               np.zeros(2, np.clongdouble))),
     ("device buffers are not supported", "buf", lambda c: c.Bcast(_DeviceOnly())),
-    ("DLPack buffers without a datatype", "buf", lambda c: c.Bcast(_DLPackOnly(np.zeros(2)))),
+    ("DLPack buffers without a datatype", "buf", lambda c: c.Bcast(_LegacyDLPack(np.zeros(2)))),
     ("MPI.BOTTOM", "sendbuf", lambda c: c.Alltoallw([MPI.BOTTOM, ([1] * N, [0] * N), [MPI.INT] * N],
                                                     [np.zeros(N, np.int32), ([1] * N, [4 * k for k in range(N)]),
                                                      [MPI.INT] * N])),

@@ -290,3 +290,20 @@ def test_the_compiled_replay_takes_plain_copies_and_exact_arithmetic_and_calls_t
               ("op", "sum", (out, a.astype(np.float64), b))]  # mixed dtypes
     for kind, op, arrays in called:
         assert compiled.work_spec(kind, op, arrays, refs[:len(arrays)], 0) is None, (kind, op)
+
+
+def test_nothing_but_mpiring_torch_imports_torch():
+    """A foreign array through the core loads no array library: torch and JAX stay out unless the
+    caller brought them (only mpiring.torch imports torch)."""
+    code = ("import sys, numpy as np, mpiring\n"
+            "c = mpiring.Communicator()\n"
+            "class E:\n"
+            "    def __init__(s, a): s.a = a\n"
+            "    def __dlpack__(s, **k): return s.a.__dlpack__(**k)\n"
+            "    def __dlpack_device__(s): return s.a.__dlpack_device__()\n"
+            "assert (c.allreduce(E(np.ones(3))) == 1).all()\n"
+            "import mpiring.bench, mpiring.interop, mpiring.train\n"
+            "print(sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,282 @@
+"""torch.distributed on the "mpiring" backend (mpiring.torch): every collective DDP and FSDP use,
+on CPU tensors of every supported dtype, blocking and async, against NumPy on regenerated inputs;
+in place and zero-copy (data_ptr() unchanged, the view over the tensor's own memory);
+DistributedDataParallel's losses equal to the same training on gloo; FSDP's parameters equal to
+a one-process run of the same steps. CUDA tensors: skipped without a GPU. World sizes 1-4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import all_inputs, assert_same, numpy_reduce, op_valid, rank_input
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mpiring[torch]')")
+import torch.distributed as dist  # noqa: E402
+
+import mpiring.torch  # noqa: E402
+from mpiring.torch.tensors import host_view  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+N, RANK = WORLD.Get_size(), WORLD.Get_rank()
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+TORCH_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN,
+             "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND,
+             "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+# ops torch.distributed itself takes on complex tensors (it reduces their real view)
+COMPLEX_OPS = ("sum", "avg")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world():
+    dist.init_process_group("mpiring")
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gloo(world):
+    return dist.new_group(backend="gloo")
+
+
+def tensor(seed: int, shape, dtype: str, op: str = "sum", rank: int = RANK):
+    return torch.from_numpy(rank_input(seed, rank, shape, dtype, op).copy())
+
+
+def cases():
+    for dtype in DTYPES:
+        for op in TORCH_OPS:
+            kind = np.dtype(dtype).kind
+            if not op_valid(op, np.dtype(dtype)) or (kind == "c" and op not in COMPLEX_OPS):
+                continue
+            if kind == "b" and op in ("avg", "prod"):  # sums of bools are ors; avg has no bool meaning
+                continue
+            yield dtype, op
+
+
+@pytest.mark.parametrize("dtype,op", list(cases()))
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_reduce_every_dtype_and_op(dtype, op, async_op):
+    t = tensor(10, (3, 4), dtype, op)
+    ptr = t.data_ptr()
+    work = dist.all_reduce(t, op=TORCH_OPS[op], async_op=async_op)
+    if async_op:
+        work.wait()
+        assert work.is_completed()
+    want = numpy_reduce(op, all_inputs(10, N, (3, 4), dtype, op))
+    if dtype == "bool" and op == "sum":
+        want = numpy_reduce("lor", all_inputs(10, N, (3, 4), dtype, op))
+    assert t.data_ptr() == ptr  # in place, in the tensor's own memory
+    if np.dtype(dtype).kind in "fc" and op == "avg":
+        np.testing.assert_allclose(t.numpy(), want, rtol=1e-3)
+    else:
+        assert_same(t.numpy(), want, f"all_reduce {op} {dtype}")
+
+
+def test_views_are_the_tensors_memory():
+    t = torch.arange(8.0)
+    assert host_view(t).__array_interface__["data"][0] == t.data_ptr()
+    half = t[4:]
+    assert host_view(half).__array_interface__["data"][0] == half.data_ptr()
+    assert host_view(t.reshape(2, 4)[:, 1]).strides == (4 * t.element_size(),)  # strided, not copied
+
+
+def test_repeated_calls_replay_a_plan():
+    t = torch.ones(16)
+    for _ in range(3):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    x = host_view(t)
+    assert dist.group.WORLD.comm.plan_of("allreduce", x, x, op="max") is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16"])
+def test_broadcast_reduce_and_bfloat16(dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 tensors need ml_dtypes")
+        t = tensor(11, (5,), "float32").to(torch.bfloat16)
+        dist.all_reduce(t)
+        want = sum(tensor(11, (5,), "float32", rank=k).to(torch.bfloat16).float() for k in range(N))
+        assert torch.equal(t.float(), want.to(torch.bfloat16).float())
+        return
+    for root in range(N):
+        t = tensor(12 + root, (2, 3), dtype)
+        dist.broadcast(t, src=root)
+        assert_same(t.numpy(), rank_input(12 + root, root, (2, 3), dtype), "broadcast")
+        t = tensor(20 + root, (4,), dtype)
+        dist.reduce(t, dst=root)
+        if RANK == root:
+            assert_same(t.numpy(), numpy_reduce("sum", all_inputs(20 + root, N, (4,), dtype)), "reduce")
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_gathers_and_scatters(async_op):
+    def done(work):
+        if async_op:
+            work.wait()
+
+    inputs = all_inputs(30, N, (2, 3), "float64")
+    mine = tensor(30, (2, 3), "float64")
+    out = torch.empty(2 * N, 3, dtype=torch.float64)
+    done(dist.all_gather_into_tensor(out, mine, async_op=async_op))
+    assert_same(out.numpy(), np.concatenate(inputs), "all_gather_into_tensor")
+    parts = [torch.empty(2, 3, dtype=torch.float64) for _ in range(N)]
+    done(dist.all_gather(parts, mine, async_op=async_op))
+    for k in range(N):
+        assert_same(parts[k].numpy(), inputs[k], "all_gather")
+
+    big = tensor(31, (2 * N, 3), "float64")
+    total = numpy_reduce("sum", all_inputs(31, N, (2 * N, 3), "float64"))
+    part = torch.empty(2, 3, dtype=torch.float64)
+    done(dist.reduce_scatter_tensor(part, big, async_op=async_op))
+    assert_same(part.numpy(), total[2 * RANK : 2 * RANK + 2], "reduce_scatter_tensor")
+    part.zero_()
+    done(dist.reduce_scatter(part, list(big.chunk(N)), async_op=async_op))
+    assert_same(part.numpy(), total[2 * RANK : 2 * RANK + 2], "reduce_scatter")
+
+    root = N - 1
+    gathered = [torch.empty(2, 3, dtype=torch.float64) for _ in range(N)] if RANK == root else None
+    done(dist.gather(mine, gathered, dst=root, async_op=async_op))
+    if RANK == root:
+        for k in range(N):
+            assert_same(gathered[k].numpy(), inputs[k], "gather")
+    got = torch.empty(2, 3, dtype=torch.float64)
+    pieces = [tensor(32 + k, (2, 3), "float64", rank=root) for k in range(N)] if RANK == root else None
+    done(dist.scatter(got, pieces, src=root, async_op=async_op))
+    assert_same(got.numpy(), rank_input(32 + RANK, root, (2, 3), "float64"), "scatter")
+
+
+def test_all_to_all():
+    rows = 2 * N
+    mine = tensor(40, (rows, 3), "int32")
+    inputs = all_inputs(40, N, (rows, 3), "int32")
+    out = torch.empty_like(mine)
+    dist.all_to_all_single(out, mine)
+    assert_same(out.numpy(), np.concatenate([inputs[k][2 * RANK : 2 * RANK + 2] for k in range(N)]), "equal")
+    # uneven: rank i sends (i + j) % 3 rows to rank j
+    send = [(RANK + j) % 3 for j in range(N)]
+    receive = [(i + RANK) % 3 for i in range(N)]
+    mine = tensor(41, (sum(send), 2), "float32")
+    out = torch.empty(sum(receive), 2)
+    dist.all_to_all_single(out, mine, receive, send)
+    want = []
+    for i in range(N):
+        theirs = rank_input(41, i, (sum((i + j) % 3 for j in range(N)), 2), "float32")
+        start = sum((i + j) % 3 for j in range(RANK))
+        want.append(theirs[start : start + receive[i]])
+    assert_same(out.numpy(), np.concatenate(want), "uneven")
+    outs = [torch.empty(receive[i], 2) for i in range(N)]
+    dist.all_to_all(outs, list(mine.split(send)))
+    assert_same(torch.cat(outs).numpy(), np.concatenate(want), "all_to_all lists")
+
+
+def test_barrier_send_recv():
+    dist.barrier()
+    if N == 1:
+        return
+    right, left = (RANK + 1) % N, (RANK - 1) % N
+    message = torch.full((3,), float(RANK))
+    got = torch.empty(3)
+    if RANK % 2 == 0:
+        dist.send(message, right, tag=7)
+        dist.recv(got, left, tag=7)
+    else:
+        dist.recv(got, left, tag=7)
+        dist.send(message, right, tag=7)
+    assert torch.equal(got, torch.full((3,), float(left)))
+    requests = [dist.isend(message, right, tag=8), dist.irecv(got, tag=8)]
+    for request in requests:
+        request.wait()
+    assert torch.equal(got, torch.full((3,), float(left)))
+
+
+def test_refused_before_anything_moves():
+    premul = dist._make_nccl_premul_sum(2.0) if hasattr(dist, "_make_nccl_premul_sum") else None
+    if premul is not None:
+        with pytest.raises(ValueError, match="PREMUL_SUM"):
+            dist.all_reduce(torch.ones(2), op=premul)
+    with pytest.raises(mpiring.ArgumentError, match="avg"):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the group is still usable
+    assert torch.equal(t, torch.full((2,), float(N)))
+
+
+def test_subgroup():
+    members = list(range(0, N, 2))
+    group = dist.new_group(members, backend="mpiring")
+    t = torch.full((2,), float(RANK))
+    if RANK in members:
+        dist.all_reduce(t, group=group)
+        assert torch.equal(t, torch.full((2,), float(sum(members))))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_cuda_tensors():
+    t = torch.full((4,), float(RANK + 1), device="cuda")
+    dist.all_reduce(t)
+    assert torch.equal(t.cpu(), torch.full((4,), float(N * (N + 1) // 2)))
+
+
+# ---- DDP and FSDP ----
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 1)).double()
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def train(net: torch.nn.Module, steps: int, data) -> list[float]:
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = data(step)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_ddp_losses_equal_gloos(gloo):
+    net = model(5)
+    on_mpiring = train(torch.nn.parallel.DistributedDataParallel(net), 6, lambda s: batch(s, RANK))
+    on_gloo = train(torch.nn.parallel.DistributedDataParallel(model(5), process_group=gloo), 6,
+                    lambda s: batch(s, RANK))
+    # float64, summed in different orders by the two backends: equal to rounding
+    np.testing.assert_allclose(on_mpiring, on_gloo, rtol=1e-12, atol=0)
+    # every rank saw other data, yet holds the same parameters: the gradients were averaged
+    first = next(net.parameters()).detach().numpy()
+    everyone = [None] * N
+    dist.all_gather_object(everyone, first)
+    for theirs in everyone:
+        np.testing.assert_array_equal(theirs, first)
+
+
+def test_fsdp_parameters_equal_a_one_process_run():
+    from torch.distributed.fsdp import fully_shard
+
+    net = model(6)
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    train(net, 4, lambda s: batch(s, RANK))
+    alone = model(6)  # one process: every rank's batch at once (the mean of the ranks' mean losses)
+    train(alone, 4, lambda s: tuple(torch.cat(parts) for parts in zip(*(batch(s, k) for k in range(N)), strict=True)))
+    for sharded, single in zip(net.parameters(), alone.parameters(), strict=True):
+        # each rank's shard (rows of dim 0), joined (full_tensor() would take torch's functional
+        # collectives, which a process group written in Python does not serve)
+        shards = [None] * N
+        dist.all_gather_object(shards, sharded.to_local().detach().numpy())
+        np.testing.assert_allclose(np.concatenate(shards), single.detach().numpy(), rtol=1e-10, atol=1e-12)
