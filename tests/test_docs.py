@@ -183,7 +183,8 @@ def test_the_headline_figures_come_from_the_pages_they_cite():
 
 
 def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
-    """scripts/regenerate_benchmarks.py, fed one tiny run, writes the headings docs/benchmarks.md has."""
+    """scripts/regenerate_benchmarks.py, fed one tiny run and one tiny form run, writes the headings
+    docs/benchmarks.md has, and keeps a part whose results it lacks from the page."""
     path = ROOT / "scripts" / "regenerate_benchmarks.py"
     spec = importlib.util.spec_from_file_location("regenerate_benchmarks", path)
     script = importlib.util.module_from_spec(spec)
@@ -195,21 +196,38 @@ def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
            "native_time_us": 2.0, "ratio": 2.0, "busbw_gbs": 0.01, "efficiency_pct": 90.0, "wrong": 0}
     (tmp_path / "mpich-2ranks.json").write_text(json.dumps({"meta": meta, "results": [row]}))
     (tmp_path / "mpich-2ranks.cmd").write_text("mpirun -n 2 python -m mpiring.bench\n")
-    (tmp_path / script.RUN_CONTEXT).write_text(json.dumps(
-        {"commit": "abc1234", "platform": "Linux", "memory_gib": 1, "environment": "", "invocation": "python",
-         "smoke": False}))
-    args = argparse.Namespace(mpis=["mpich"], ranks=[2], scratch=str(tmp_path), plots=str(tmp_path),
-                              doc=str(tmp_path / "benchmarks.md"))
+    context = {"commit": "abc1234", "platform": "Linux", "memory_gib": 1, "environment": "", "invocation": "python",
+               "smoke": False}
+    (tmp_path / script.RUN_CONTEXT).write_text(json.dumps(context))
+    forms = [dict(row, form=form, size_bytes=size, time_us=time_us)
+             for form, time_us in (("best", 1.0), ("plain", 3.0)) for size in (8, 4096, 8192)]
+    (tmp_path / "mpich-2ranks-forms.json").write_text(json.dumps({"meta": meta, "results": forms}))
+    (tmp_path / "mpich-2ranks-forms.cmd").write_text("mpirun -n 2 python -m mpiring.bench --form all\n")
+    (tmp_path / "mpich-2ranks-forms.txt").write_text(
+        "# form best: the same arrays; native: the same buffers\n# form plain: no out=; native: a new output\n")
+    (tmp_path / script.FORMS_CONTEXT).write_text(json.dumps(dict(context, commit="def5678")))
+    args = argparse.Namespace(mpis=["mpich"], ranks=[2], form_ranks=[2], scratch=str(tmp_path),
+                              plots=str(tmp_path), doc=str(tmp_path / "benchmarks.md"))
     written = script.generated_section(args)
     page = (ROOT / "docs" / "benchmarks.md").read_text().split(script.BEGIN)[1].split(script.END)[0]
 
     def headings(text: str) -> list[str]:
         return [h for h in re.findall(r"^#{2,3} .*", text, re.M) if "Open MPI" not in h]
 
-    assert headings(written) == headings(page) == [
-        "## Current results", "### Summary against native MPI", "### MPICH, every size"]
+    expected = ["## Current results", "### Summary against native MPI", "### MPICH, every size",
+                script.FORMS_HEADING]
+    assert headings(written) == expected
+    assert headings(page) in (expected, expected[:-1])  # the form runs are made apart (--forms-only)
     assert f"mpiring {mpiring.__version__} (commit abc1234)" in written
     assert "| allreduce | 2.00 | - | - |" in written
+    assert "| `plain` | no out= | a new output |" in written
+    assert "| MPICH | 2 | `plain` | 1.50 | 1 of 1 | - | - |" in written  # 3 us against native's 2 us
+    assert "| collective | 8 B | 4 KiB |\n| --- | --- | --- |\n| allreduce | 0.50 | 0.50 |" in written
+    # Without the best-form runs, the page's "Current results" stay as they are; the forms are rewritten.
+    (tmp_path / "benchmarks.md").write_text(f"# Benchmarks\n\n{written}\n")
+    (tmp_path / "mpich-2ranks.json").unlink()
+    (tmp_path / "mpich-2ranks-forms.cmd").write_text("mpirun -n 2 python -m mpiring.bench --form all -e 4K\n")
+    assert script.generated_section(args) == written.replace("--form all\n", "--form all -e 4K\n")
 
 
 def test_the_changelog_has_the_current_version():
