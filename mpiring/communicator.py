@@ -323,8 +323,11 @@ class Communicator(BufferAPI):
                 self._check_aliasing(collective, x, out)
             if self._check is not None:
                 self._check.compare(known.call, *self._checked(collective, x, out, op, root, counts))
-            return self._run_schedule(known, x, out, self.timeout if timeout is None else
-                                      check_timeout(collective, timeout))
+            result = self._run_schedule(known, x, out, self.timeout if timeout is None else
+                                        check_timeout(collective, timeout))
+            if known.stale:
+                self._forget(known)
+            return result
         built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
         call = built.call
         call.tag = ring.blocking_tag(built.identity())
@@ -341,7 +344,7 @@ class Communicator(BufferAPI):
         except Unschedulable:
             known.recordable = False  # it runs unrecorded from now on, without trying again
             return run_to_end(ring, built.body(built.backend), call)
-        self._cache.add(key, schedule, ring.calls)
+        self._keep(key, schedule, known)
         return self._run_schedule(schedule, x, out, call.timeout)
 
     def _run_and_record(self, key: tuple, known: Seen, built: Built, x: Any, out: Any) -> Any:
@@ -360,8 +363,18 @@ class Communicator(BufferAPI):
         except Unschedulable:
             known.recordable = False
         else:
-            self._cache.add(key, schedule, ring.calls)
+            self._keep(key, schedule, known)
         return result
+
+    def _keep(self, key: tuple, schedule: Schedule, seen: Seen) -> None:
+        schedule.key, schedule.changes = key, seen.changes
+        self._cache.add(key, schedule, self._ring.calls)
+
+    def _forget(self, schedule: Schedule) -> None:
+        """A schedule gone stale (its layout round brought another layout: Schedule.after_change)
+        gives way to a Seen, so the next call of its key records the layout now in use."""
+        if self._cache.table.get(schedule.key) is schedule:
+            self._cache.add(schedule.key, Seen(schedule.changes), self._ring.calls)
 
     def _record(self, call: Call, built: Built, x: Any, out: Any, seen: Any = None) -> Schedule:
         """Record `built` as a schedule (`seen`: the table its layout round brought); where it
@@ -441,7 +454,10 @@ class Communicator(BufferAPI):
         try:
             if error is not None:
                 raise error
-            return resume_recorded(self._ring, schedule, self.timeout, stopped, spin)
+            result = resume_recorded(self._ring, schedule, self.timeout, stopped, spin)
+            if schedule.stale:
+                self._forget(schedule)
+            return result
         except BaseException as failure:
             self._ring.abandoned.append(schedule.bound_roots())  # MPI may still use the call's arrays
             self._blocking_failed(failure)

@@ -15,6 +15,7 @@ from oracles import all_inputs, assert_same, numpy_reduce
 
 import mpiring
 from mpiring.engine import compiled
+from mpiring.engine.schedule import RERECORD_LIMIT
 
 pytestmark = pytest.mark.mpi
 
@@ -264,9 +265,10 @@ def _ragged_rows(k: int, call: int) -> int:
 def test_layout_rounds_are_recorded_and_a_changed_layout_is_never_stale(comm, name):
     """Without counts= the ranks exchange their layout first. The call is recorded with the table
     it brought; a replay whose round brings another one finishes the call for it (never with the
-    recorded one). Even ranks pass the same layout every call, odd ones change theirs."""
+    recorded one), and the key records anew, until its layouts have changed RERECORD_LIMIT times.
+    Even ranks pass the same layout every call, odd ones change theirs."""
     root = N - 1
-    for call in range(7):
+    for call in range(RERECORD_LIMIT * 2 + 8):
         rows = [_ragged_rows(k, call) for k in range(N)]
         blocks = [np.full((rows[k], 2), float(k + 10 * call)) for k in range(N)]
         if name == "allgather":
@@ -291,3 +293,17 @@ def test_layout_rounds_are_recorded_and_a_changed_layout_is_never_stale(comm, na
         assert recorded and all(s.layout is not None for s in recorded), "recorded with its layout round"
         if RANK % 2 == 0 and name != "scatter":
             assert sum(s.runs for s in recorded) >= 4, "replayed as the others' layouts changed"
+
+
+def test_a_layout_that_changes_once_is_recorded_anew(comm):
+    """Scatter without counts=: the other ranks' key cannot tell the root's sizes, so their
+    schedule's layout round sees them change; the key then records the layout now in use and
+    replays it, instead of finishing every later call unrecorded."""
+    for rows_each in (1, 64):
+        whole = np.arange(float(N * rows_each * 2)).reshape(-1, 2)
+        for _ in range(6):
+            got = comm.scatter(whole if RANK == 0 else None, root=0)
+            assert_same(got, np.array_split(whole, N)[RANK], f"{rows_each} rows each")
+        schedule = comm.plan_of("scatter", whole if RANK == 0 else None, None, root=0)
+        assert schedule is not None and schedule.runs >= 3, f"{rows_each} rows each: replayed"
+        assert schedule.layout is None or RANK == 0 or schedule.changes == (rows_each == 64)

@@ -25,13 +25,14 @@ class Seen:
     """A schedule's layout seen once: the next call of that layout records it (unless recording
     it failed once: `recordable` False, and it runs unrecorded without trying again)."""
 
-    __slots__ = ("used", "recordable")
+    __slots__ = ("used", "recordable", "changes")
     allocated = 0
     pinned = 0
 
-    def __init__(self) -> None:
+    def __init__(self, changes: int = 0) -> None:
         self.used = 0
         self.recordable = True
+        self.changes = changes  # layouts its key's schedules have seen change (Schedule.after_change)
 
     def free(self) -> None:
         pass

@@ -237,6 +237,9 @@ class Schedule:
                  result: Any, layout: _Layout | None = None) -> None:
         self.call = call
         self.layout = layout  # a call with a layout round: what finishes it for another layout
+        self.key: tuple | None = None  # its key in the cache (Communicator)
+        self.changes = 0  # layouts its key's schedules have seen change (after_change)
+        self.stale = False  # a layout round brought another layout: the key records anew
         self.comm = ring.comm
         self.traffic = recorder.traffic
         self.allocated = host.allocated
@@ -379,8 +382,13 @@ class Schedule:
 
     def after_change(self, ring: Ring, timeout: float | None) -> Any:
         """Finish the bound call, whose layout round brought another layout than the recorded one,
-        as an unrecorded call does (its rest for this layout, run by its generator)."""
+        as an unrecorded call does (its rest for this layout, run by its generator). The schedule
+        goes stale: its key records the layout now in use at its next call, unless its layouts
+        keep changing (then every call finishes this way)."""
         from mpiring.engine.executor import run_to_end  # (the executor runs schedules: imported late)
+
+        self.changes += 1
+        self.stale = self.changes <= RERECORD_LIMIT
 
         roots = self.bound_roots()
         layout = self.layout
@@ -445,6 +453,11 @@ class Schedule:
 
 
 _EMPTY = numpy.empty(0, numpy.uint8)
+
+
+# How often a key's layout may change before its schedule stops being recorded anew for the
+# layout in use (a program whose layouts alternate would otherwise record at every call).
+RERECORD_LIMIT = 4
 
 
 def bindable(x: Any, out: Any) -> bool:
