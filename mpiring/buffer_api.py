@@ -370,7 +370,8 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
     block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
     """
-    if spec.__class__ is _NDARRAY and blocks == 1 and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES:
+    if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
+            blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
@@ -699,14 +700,14 @@ class BufferAPI:
             x = _own_block("Gather", "sendbuf", sendbuf, out, r, n)
         else:
             x, out = self._send_only("Gather", sendbuf), None
-        return _Prepared("gather", (x, root), {"out": out, "counts": [x.size] * p})
+        return _Prepared("gather", (x, root), {"out": out, "counts": (x.size,) * p})
 
     def _parse_allgather(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p, r = self.size, self.rank
         out = simple("Allgather", "recvbuf", recvbuf, blocks=p)
         n = out.size // p
         x = _own_block("Allgather", "sendbuf", sendbuf, out, r, n)
-        return _Prepared("allgather", (x,), {"out": out, "counts": [n] * p})
+        return _Prepared("allgather", (x,), {"out": out, "counts": (n,) * p})
 
     def _parse_gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
@@ -730,7 +731,7 @@ class BufferAPI:
             out = _own_block("Scatter", "recvbuf", recvbuf, x, r, n)
         else:  # the send buffer is ignored off the root
             x, out = None, self._receive_only("Scatter", recvbuf)
-        return _Prepared("scatter", (x, root), {"out": out, "counts": [out.size] * p})
+        return _Prepared("scatter", (x, root), {"out": out, "counts": (out.size,) * p})
 
     def _parse_scatterv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         """Only the root knows the counts: it broadcasts them first (a small blocking step)."""
@@ -769,7 +770,7 @@ class BufferAPI:
             x = simple("Reduce_scatter_block", "recvbuf", recvbuf, blocks=p)
             n = x.size // p
             out = x[:n]
-        return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": [n] * p})
+        return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": (n,) * p})
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
         """Without recvcounts every rank's receive count is all-gathered first (as mpi4py does)."""
