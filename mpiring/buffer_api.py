@@ -35,6 +35,7 @@ docs/dropin.md lists what is refused, and why.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -363,6 +364,24 @@ def _unpack(collective: str, argument: str, spec: Any, vector: bool) -> tuple[An
     return buf, counts, None, datatype
 
 
+def _named_datatypes() -> dict[int, tuple[Any, numpy.dtype]]:
+    """{id: (datatype, dtype)} of mpi4py's predefined datatype objects whose elements mpiring
+    moves as they are (MPI.FLOAT, MPI.DOUBLE, ...): a spec [array, MPI.FLOAT] of an array of that
+    dtype is read at once (`simple`). Each object is kept, so no other can take its id."""
+    named = {}
+    for name in dir(MPI):
+        datatype = getattr(MPI, name)
+        if isinstance(datatype, MPI.Datatype) and datatype != MPI.DATATYPE_NULL:
+            with contextlib.suppress(Exception):  # pair types, MPI-only types: the generic path names them
+                dtype = dtlib.to_numpy_dtype(datatype)
+                if dtype in SUPPORTED_DTYPES:
+                    named[id(datatype)] = (datatype, dtype)
+    return named
+
+
+_NAMED = _named_datatypes()
+
+
 def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     """The elements a plain spec names: a view of the caller's memory.
 
@@ -373,6 +392,11 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
+    if spec.__class__ is list and len(spec) == 2:  # [array, MPI.FLOAT] of an array of that dtype, as common
+        buf, named = spec[0], _NAMED.get(id(spec[1]))
+        if (named is not None and named[0] is spec[1] and buf.__class__ is _NDARRAY and named[1] == buf.dtype
+                and buf.flags.c_contiguous and (blocks == 1 or buf.size % blocks == 0)):
+            return buf if buf.ndim == 1 else buf.reshape(-1)
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
