@@ -104,6 +104,9 @@ class _Layout:
 def _datatype_dtype(collective: str, argument: str, datatype: Any) -> numpy.dtype | _Layout:
     """The NumPy dtype of a predefined MPI datatype (or mpi4py typecode string); a _Layout for
     long double and for a derived datatype whose elements are of one dtype at one stride."""
+    named = _NAMED.get(id(datatype))
+    if named is not None and named[0] is datatype:  # a predefined one: known
+        return named[1]
     if isinstance(datatype, str):
         try:
             datatype = dtlib.from_numpy_dtype(datatype)
@@ -392,11 +395,15 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
-    if spec.__class__ is list and len(spec) == 2:  # [array, MPI.FLOAT] of an array of that dtype, as common
+    if spec.__class__ is list and len(spec) == 2:  # [array, MPI.FLOAT], [array, MPI.BYTE]: as common
         buf, named = spec[0], _NAMED.get(id(spec[1]))
-        if (named is not None and named[0] is spec[1] and buf.__class__ is _NDARRAY and named[1] == buf.dtype
-                and buf.flags.c_contiguous and (blocks == 1 or buf.size % blocks == 0)):
-            return buf if buf.ndim == 1 else buf.reshape(-1)
+        if (named is not None and named[0] is spec[1] and buf.__class__ is _NDARRAY and buf.flags.c_contiguous
+                and buf.dtype in SUPPORTED_DTYPES and buf.nbytes % named[1].itemsize == 0):
+            flat = buf if buf.ndim == 1 else buf.reshape(-1)
+            if flat.dtype != named[1]:  # another datatype than the array's reinterprets its bytes, as in MPI
+                flat = flat.view(named[1])
+            if blocks == 1 or flat.size % blocks == 0:
+                return flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
