@@ -192,8 +192,12 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
     returning its result for the check), each taking (setup, buffers), for one form (table.FORMS)."""
     xp = device.native_xp
 
-    def new_output(b: Buffers) -> Buffers:
-        return replace(b, native=None if b.native is None else xp.empty_like(b.native))
+    def new_output(s: Setup, b: Buffers) -> Buffers:
+        """A new native output; an in-place collective's root (broadcast) fills it with its input
+        first, as mpiring's root returns a new array holding its x."""
+        if b.native is None:
+            return b
+        return replace(b, native=b.native.copy() if row.in_place and s.rank == s.root else xp.empty_like(b.native))
 
     def new_input(b: Buffers) -> Buffers:
         copy = None if b.x is None else b.x.copy()
@@ -206,13 +210,13 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
         return lambda s, b: (call(s, b), b.ours)[1]
 
     if form == "plain":
-        return row.plain, lambda s, b: row.native(s, new_output(b)), row.plain
+        return row.plain, lambda s, b: row.native(s, new_output(s, b)), row.plain
     if form == "fresh":
         def fresh(s: Setup, b: Buffers) -> Any:
             return row.plain(s, new_input(b))
 
         def native_fresh(s: Setup, b: Buffers) -> Any:
-            return row.native(s, new_output(replace(b, native_x=None if b.native_x is None else b.native_x.copy())))
+            return row.native(s, new_output(s, replace(b, native_x=None if b.native_x is None else b.native_x.copy())))
 
         return fresh, native_fresh, fresh
     if form == "dropin":

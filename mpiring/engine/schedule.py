@@ -240,6 +240,7 @@ class Schedule:
         self.key: tuple | None = None  # its key in the cache (Communicator)
         self.changes = 0  # layouts its key's schedules have seen change (after_change)
         self.stale = False  # a layout round brought another layout: the key records anew
+        self._changed_at = 0  # `runs` when its layout last changed
         self.comm = ring.comm
         self.traffic = recorder.traffic
         self.allocated = host.allocated
@@ -384,10 +385,13 @@ class Schedule:
         """Finish the bound call, whose layout round brought another layout than the recorded one,
         as an unrecorded call does (its rest for this layout, run by its generator). The schedule
         goes stale: its key records the layout now in use at its next call, unless its layouts
-        keep changing (then every call finishes this way)."""
+        keep changing at once (then every call finishes this way)."""
         from mpiring.engine.executor import run_to_end  # (the executor runs schedules: imported late)
 
-        self.changes += 1
+        # a layout kept for a few calls starts the count again; one that changes at once adds to it
+        runs = self.runs
+        kept, self._changed_at = runs - self._changed_at - 1, runs  # replays of one layout before this one
+        self.changes = 0 if kept >= STABLE_RUNS else self.changes + 1
         self.stale = self.changes <= RERECORD_LIMIT
 
         roots = self.bound_roots()
@@ -455,9 +459,11 @@ class Schedule:
 _EMPTY = numpy.empty(0, numpy.uint8)
 
 
-# How often a key's layout may change before its schedule stops being recorded anew for the
-# layout in use (a program whose layouts alternate would otherwise record at every call).
+# How often in a row a key's layout may change within STABLE_RUNS calls of being recorded before
+# its schedule stops being recorded anew for the layout in use (a program whose layouts alternate
+# would otherwise record at every call; one that keeps each layout a while records each once).
 RERECORD_LIMIT = 4
+STABLE_RUNS = 2
 
 
 def bindable(x: Any, out: Any) -> bool:
