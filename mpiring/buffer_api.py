@@ -655,16 +655,19 @@ class Request:
             request.Start()
 
 
-@dataclass
 class _Prepared:
-    """A parsed uppercase call: the lowercase collective and its arguments, and what to copy
-    into the caller's buffers once it is done."""
+    """A parsed uppercase call: the lowercase collective's arguments as the Communicator's engine
+    entries take them (its `_blocking`, `_start` and `_persistent`: counts= as tuples, scatter's x
+    None off the root), and what to copy into the caller's buffers once it is done."""
 
-    collective: str
-    args: tuple
-    kwargs: dict
-    finish: Callable[[], None] | None = None  # after each run: copy the result into place
-    before: Callable[[], None] | None = None  # before each run (done once already): copy the input
+    __slots__ = ("call", "finish", "before")
+
+    def __init__(self, collective: str, x: Any, out: Any = None, op: str | None = None, root: int | None = None,
+                 counts: Any = None, finish: Callable[[], None] | None = None,
+                 before: Callable[[], None] | None = None) -> None:
+        self.call = (collective, x, out, op, root, counts, None, None)  # algorithm and timeout: the defaults
+        self.finish = finish  # after each run: copy the result into place
+        self.before = before  # before each run (done once already): copy the input
 
 
 class BufferAPI:
@@ -690,21 +693,20 @@ class BufferAPI:
     # ---- the calls: each parses its specs, then runs as blocking, I-form or persistent ----
 
     def _run(self, prepared: _Prepared) -> None:
-        getattr(self, prepared.collective)(*prepared.args, **prepared.kwargs)
+        self._blocking(*prepared.call)
         if prepared.finish is not None:
             prepared.finish()
 
     def _irun(self, prepared: _Prepared) -> Request:
-        return Request(getattr(self, "i" + prepared.collective)(*prepared.args, **prepared.kwargs), prepared.finish)
+        return Request(self._start(*prepared.call), prepared.finish)
 
     def _init(self, prepared: _Prepared, info: Any) -> Request:
-        _check_info(prepared.collective, info)
-        return Request(getattr(self, prepared.collective + "_init")(*prepared.args, **prepared.kwargs),
-                       prepared.finish, prepared.before)
+        _check_info(prepared.call[0], info)
+        return Request(self._persistent(*prepared.call), prepared.finish, prepared.before)
 
     def _parse_bcast(self, buf: Any, root: int) -> _Prepared:
         items = simple("Bcast", "buf", buf)
-        return _Prepared("broadcast", (items, root), {"out": items})
+        return _Prepared("broadcast", items, items, None, root)
 
     def _parse_reduce(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> _Prepared:
         name = op_name("Reduce", op)
@@ -714,14 +716,14 @@ class BufferAPI:
                                                             out.size, out.dtype)
         else:  # the receive buffer is ignored off the root
             x, out = self._send_only("Reduce", sendbuf), None
-        return _Prepared("reduce", (x, name, root), {"out": out})
+        return _Prepared("reduce", x, out, name, root)
 
     def _parse_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Prepared:
         name = op_name("Allreduce", op)
         out = simple("Allreduce", "recvbuf", recvbuf)
         x = out if _is_in_place(sendbuf) else _matching("Allreduce", "sendbuf",
                                                         simple("Allreduce", "sendbuf", sendbuf), out.size, out.dtype)
-        return _Prepared("allreduce", (x, name), {"out": out})
+        return _Prepared("allreduce", x, out, name)
 
     def _parse_gather(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         p, r = self.size, self.rank
@@ -731,28 +733,28 @@ class BufferAPI:
             x = _own_block("Gather", "sendbuf", sendbuf, out, r, n)
         else:
             x, out = self._send_only("Gather", sendbuf), None
-        return _Prepared("gather", (x, root), {"out": out, "counts": (x.size,) * p})
+        return _Prepared("gather", x, out, None, root, (x.size,) * p)
 
     def _parse_allgather(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p, r = self.size, self.rank
         out = simple("Allgather", "recvbuf", recvbuf, blocks=p)
         n = out.size // p
         x = _own_block("Allgather", "sendbuf", sendbuf, out, r, n)
-        return _Prepared("allgather", (x,), {"out": out, "counts": (n,) * p})
+        return _Prepared("allgather", x, out, None, None, (n,) * p)
 
     def _parse_gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
-            return _Prepared("gather", (self._send_only("Gatherv", sendbuf), root), {})
+            return _Prepared("gather", self._send_only("Gatherv", sendbuf), None, None, root)
         v = vector("Gatherv", "recvbuf", recvbuf, self.size)
         x = _own_block_v("Gatherv", "sendbuf", sendbuf, v, root)
         out, finish = self._packed_target(v, x.dtype)
-        return _Prepared("gather", (x, root), {"out": out}, finish)
+        return _Prepared("gather", x, out, None, root, None, finish)
 
     def _parse_allgatherv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         v = vector("Allgatherv", "recvbuf", recvbuf, self.size)
         x = _own_block_v("Allgatherv", "sendbuf", sendbuf, v, self.rank)
         out, finish = self._packed_target(v, x.dtype)
-        return _Prepared("allgather", (x,), {"out": out, "counts": v.counts}, finish)
+        return _Prepared("allgather", x, out, None, None, tuple(v.counts), finish)
 
     def _parse_scatter(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         p, r = self.size, self.rank
@@ -762,7 +764,7 @@ class BufferAPI:
             out = _own_block("Scatter", "recvbuf", recvbuf, x, r, n)
         else:  # the send buffer is ignored off the root
             x, out = None, self._receive_only("Scatter", recvbuf)
-        return _Prepared("scatter", (x, root), {"out": out, "counts": (out.size,) * p})
+        return _Prepared("scatter", x, out, None, root, (out.size,) * p)
 
     def _parse_scatterv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         """Only the root knows the counts: it broadcasts them first (a small blocking step)."""
@@ -784,7 +786,7 @@ class BufferAPI:
         if out.size != counts[r]:
             raise ArgumentError("Scatterv", "recvbuf", f"takes {out.size} elements but the root sends rank {r} "
                                 f"{counts[r]}")
-        return _Prepared("scatter", (x, root), {"out": out, "counts": counts.tolist()}, None, before)
+        return _Prepared("scatter", x, out, None, root, tuple(counts.tolist()), None, before)
 
     def _parse_reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any) -> _Prepared:
         p = self.size
@@ -801,7 +803,7 @@ class BufferAPI:
             x = simple("Reduce_scatter_block", "recvbuf", recvbuf, blocks=p)
             n = x.size // p
             out = x[:n]
-        return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": (n,) * p})
+        return _Prepared("reduce_scatter", x, out, name, None, (n,) * p)
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
         """Without recvcounts every rank's receive count is all-gathered first (as mpi4py does)."""
@@ -827,14 +829,14 @@ class BufferAPI:
         else:
             out = _matching("Reduce_scatter", "recvbuf", whole, counts[r], whole.dtype)
             x = _matching("Reduce_scatter", "sendbuf", x, sum(counts), whole.dtype)
-        return _Prepared("reduce_scatter", (x, name), {"out": out, "counts": counts})
+        return _Prepared("reduce_scatter", x, out, name, None, None if counts is None else tuple(counts))
 
     def _parse_alltoall(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p = self.size
         out = simple("Alltoall", "recvbuf", recvbuf, blocks=p)
         x = out if _is_in_place(sendbuf) else _matching(
             "Alltoall", "sendbuf", simple("Alltoall", "sendbuf", sendbuf, blocks=p), out.size, out.dtype)
-        return _Prepared("alltoall", (x,), {"out": out})
+        return _Prepared("alltoall", x, out)
 
     def _parse_alltoallv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p = self.size
@@ -859,7 +861,7 @@ class BufferAPI:
             before = partial(send.gather_into, x)
             before()
         out, finish = self._packed_target(receive, receive.items.dtype)
-        return _Prepared("alltoallv", (x, send.counts, receive.counts), {"out": out}, finish, before)
+        return _Prepared("alltoallv", x, out, None, None, (tuple(send.counts), tuple(receive.counts)), finish, before)
 
     def _parse_scan(self, sendbuf: Any, recvbuf: Any, op: Any, collective: str) -> _Prepared:
         """Scan and Exscan (whose rank 0 receives nothing: its receive buffer is left as it was)."""
@@ -868,7 +870,7 @@ class BufferAPI:
         out = simple(upper, "recvbuf", recvbuf)
         x = out if _is_in_place(sendbuf) else _matching(upper, "sendbuf", simple(upper, "sendbuf", sendbuf),
                                                         out.size, out.dtype)
-        return _Prepared(collective, (x, name), {"out": out})
+        return _Prepared(collective, x, out, name)
 
     @staticmethod
     def _send_only(collective: str, sendbuf: Any) -> Any:

@@ -473,3 +473,20 @@ def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> No
         assert rig.request.handed == ["start"]  # without readable fields a persistent start asks Python
     finally:
         assert compiled._replay.read_arrays(samples) is True
+
+
+def test_the_last_hit_is_found_again_only_while_it_is_the_same_call() -> None:
+    """The Shortcut remembers its last hit: the same arguments and arrays as they were find it
+    without the key; a program the table let go, or arrays changed in place, never do."""
+    rig = Rig()
+    rig.program.cached = True  # (the Cache sets it for what its table holds)
+    for _ in range(3):
+        assert rig.call() is rig.out
+    np.testing.assert_array_equal(rig.out, 2 * rig.x)
+    rig.x.shape = (2, 2)  # reshaped in place: another key, which the table does not hold
+    assert rig.call() == "python"
+    rig.x.shape = (4,)
+    assert rig.call() is rig.out and len(rig.in_python) == 1
+    rig.table.clear()
+    rig.program.cached = False  # dropped from the table: not run from the memo either
+    assert rig.call() == "python" and len(rig.in_python) == 2

@@ -128,6 +128,7 @@ typedef struct {
     PyObject *traffic;         /* what one run hands MPI (a Traffic), for the Shortcut's counting */
     PyObject *schedule;        /* the Python object this is the C form of */
     long long used;            /* the call count when it last ran (the cache evicts the least recent) */
+    char cached;               /* in its communicator's table of compiled schedules (Cache sets it) */
     long long runs;            /* blocking calls that ran it */
     PyObject *prologue;
     Py_ssize_t nprologue;
@@ -776,6 +777,7 @@ static PyMethodDef program_methods[] = {
 
 static PyMemberDef program_members[] = {
     {"busy", T_BOOL, offsetof(Program, busy), READONLY, "whether a spin tests without offering the core"},
+    {"cached", T_BOOL, offsetof(Program, cached), 0, "in its communicator's table (the Shortcut's memo asks)"},
     {"tag", T_INT, offsetof(Program, tag), 0, "the call's tag (a message's tag is this plus its own)"},
     {"notice", T_INT, offsetof(Program, notice), READONLY, "the notice tag it looks for after a call (-1: none)"},
     {"used", T_LONGLONG, offsetof(Program, used), 0, "the call count when it last ran"},
@@ -913,7 +915,15 @@ static PyObject *result_of(Program *p) {
  * Python decides again. Binding reads each array's memory through the buffer protocol, so an
  * array restrided, resized or made read-only since the last call is seen for what it is now.
  */
-enum { KEY_ITEMS = 10 };
+enum { KEY_ITEMS = 10, MEMO_ARGS = 5, FACT_DIMS = 8 };
+
+/* An array as a key sees it (ArrayHead): its memory, flags, shape and dtype (held); nd -1: None. */
+typedef struct {
+    char *data;
+    int nd, flags;
+    Py_ssize_t dims[FACT_DIMS];
+    PyObject *descr;
+} Facts;
 
 typedef struct {
     PyObject_HEAD
@@ -928,6 +938,12 @@ typedef struct {
     PyObject *after;        /* where Python takes over a run that stopped or raised */
     double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
     Py_ssize_t traffic_at[3];
+    /* the last hit, found again without building its key: its arguments but x and out (held),
+       whether x was out, what x and out looked like (ArrayHead), and its program (held) */
+    PyObject *memo_args[MEMO_ARGS];
+    int memo_in_place;
+    Facts memo_arrays[2];
+    Program *memo;
 } Shortcut;
 
 /* dtype and shape of `array` (new references), None for None; 0 on success, -1 if not an exact ndarray. */
@@ -946,6 +962,20 @@ static int describe(Shortcut *self, PyObject *array, PyObject **dtype, PyObject 
         return -1;
     }
     return 0;
+}
+
+/* The owner thread calls, and how long a wait of its calls spins (from the communicator's timeout): 1, else 0. */
+static int spin_for(Shortcut *self, double *spin) {
+    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
+    if (timeout == NULL)
+        return 0;
+    *spin = -1.0;
+    if (timeout != Py_None) {
+        double seconds = PyFloat_AsDouble(timeout);
+        *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
+    }
+    Py_DECREF(timeout);
+    return !PyErr_Occurred();
 }
 
 /* The compiled schedule of this call (borrowed: the table holds it) and its spin; NULL: a miss. */
@@ -972,16 +1002,7 @@ static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
     Py_XDECREF(key);
     if (found == NULL || Py_TYPE(found) != &ProgramType || ((Program *)found)->exchanges == NULL)
         return NULL;
-    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
-    if (timeout == NULL)
-        return NULL;
-    *spin = -1.0;
-    if (timeout != Py_None) {
-        double seconds = PyFloat_AsDouble(timeout);
-        *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
-    }
-    Py_DECREF(timeout);
-    return PyErr_Occurred() ? NULL : (Program *)found;
+    return spin_for(self, spin) ? (Program *)found : NULL;
 }
 
 /* The leading fields of a NumPy array object as numpy/ndarraytypes.h lays them out
@@ -1058,6 +1079,61 @@ static char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int 
     return start;
 }
 
+/* `facts` of `array` (None, or a readable NumPy array of at most FACT_DIMS axes): 1, else 0. */
+static int facts_of(PyObject *array, Facts *facts) {
+    if (array == Py_None) {
+        facts->nd = -1;
+        Py_CLEAR(facts->descr);
+        return 1;
+    }
+    const ArrayHead *a = (const ArrayHead *)array;
+    if (Py_TYPE(array) != readable_arrays || a->nd > FACT_DIMS)
+        return 0;
+    facts->data = a->data;
+    facts->nd = a->nd;
+    facts->flags = a->flags;
+    memcpy(facts->dims, a->dimensions, sizeof(Py_ssize_t) * a->nd);
+    Py_XSETREF(facts->descr, Py_NewRef(a->descr));
+    return 1;
+}
+
+static int same_facts(PyObject *array, const Facts *facts) {
+    if (array == Py_None || facts->nd < 0)
+        return array == Py_None && facts->nd < 0;
+    const ArrayHead *a = (const ArrayHead *)array;
+    return Py_TYPE(array) == readable_arrays && a->data == facts->data && a->nd == facts->nd &&
+           a->flags == facts->flags && a->descr == facts->descr &&
+           memcmp(a->dimensions, facts->dims, sizeof(Py_ssize_t) * a->nd) == 0;
+}
+
+/* The memo's program if this call is the memo's again: the same arguments (collective, op,
+   root, counts, algorithm: the very objects), x and out as they were (the same layout key, so
+   the same schedule), the program still in the table; NULL otherwise. */
+static Program *memo_hit(Shortcut *self, PyObject *const *args) {
+    static const int at[MEMO_ARGS] = {0, 3, 4, 5, 6};
+    Program *p = self->memo;
+    if (p == NULL || !p->cached || p->exchanges == NULL || (args[1] == args[2] && args[1] != Py_None) !=
+        self->memo_in_place)
+        return NULL;
+    for (int i = 0; i < MEMO_ARGS; i++)
+        if (args[at[i]] != self->memo_args[i])
+            return NULL;
+    return same_facts(args[1], &self->memo_arrays[0]) && same_facts(args[2], &self->memo_arrays[1]) ? p : NULL;
+}
+
+/* Remember this hit (nothing, where x or out cannot be described). */
+static void memo_keep(Shortcut *self, PyObject *const *args, Program *p) {
+    static const int at[MEMO_ARGS] = {0, 3, 4, 5, 6};
+    if (!facts_of(args[1], &self->memo_arrays[0]) || !facts_of(args[2], &self->memo_arrays[1])) {
+        Py_CLEAR(self->memo);
+        return;
+    }
+    for (int i = 0; i < MEMO_ARGS; i++)
+        Py_XSETREF(self->memo_args[i], Py_NewRef(args[at[i]]));
+    self->memo_in_place = args[1] == args[2] && args[1] != Py_None;
+    Py_XSETREF(self->memo, (Program *)Py_NewRef((PyObject *)p));
+}
+
 /* Bind x and out (or a new result) to the program; 0, or -1 (an error set) on a miss. */
 static int bind_call(Program *p, PyObject *x, PyObject *out) {
     char *x_memory = NULL, *out_memory = NULL;
@@ -1108,7 +1184,11 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
         return NULL;
     }
     if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
-        program = hit(self, args, &spin);
+        if (args[7] == Py_None && !PyList_GET_SIZE(self->in_flight) && (program = memo_hit(self, args)) != NULL &&
+            !spin_for(self, &spin))
+            program = NULL;
+        else if (program == NULL && (program = hit(self, args, &spin)) != NULL && program->nroots >= 2)
+            memo_keep(self, args, program);
         if (program != NULL && (program->nroots < 2 || bind_call(program, args[1], args[2]) < 0))
             program = NULL;
         PyErr_Clear();
@@ -1169,17 +1249,23 @@ static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
 
 static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
     PyObject *held[] = {self->table, self->ring, self->in_flight, self->traffic, self->communicator,
-                        (PyObject *)self->ndarray, self->in_python, self->after};
-    for (int i = 0; i < 8; i++)
+                        (PyObject *)self->ndarray, self->in_python, self->after, (PyObject *)self->memo};
+    for (int i = 0; i < 9; i++)
         Py_VISIT(held[i]);
+    for (int i = 0; i < MEMO_ARGS; i++)
+        Py_VISIT(self->memo_args[i]);
     return 0;
 }
 
 static int shortcut_clear(Shortcut *self) {
     PyObject **held[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
-                         (PyObject **)&self->ndarray, &self->in_python, &self->after};
-    for (int i = 0; i < 8; i++)
+                         (PyObject **)&self->ndarray, &self->in_python, &self->after, (PyObject **)&self->memo};
+    for (int i = 0; i < 9; i++)
         Py_CLEAR(*held[i]);
+    for (int i = 0; i < MEMO_ARGS; i++)
+        Py_CLEAR(self->memo_args[i]);
+    Py_CLEAR(self->memo_arrays[0].descr);
+    Py_CLEAR(self->memo_arrays[1].descr);
     return 0;
 }
 

@@ -63,6 +63,7 @@ class Cache:
         program = getattr(entry, "compiled", None)
         if program is not None and getattr(entry, "layout_keyed", False):
             self.compiled[key] = program
+            program.cached = True  # the Shortcut's memo may find it again while it is here
         self.allocated += entry.allocated
         while len(self.table) > 1 and (len(self.table) > self._max_entries or self.allocated > self._max_bytes):
             evictable = [(e.used, k) for k, e in self.table.items() if not e.pinned and e is not entry]
@@ -73,6 +74,8 @@ class Cache:
     def clear(self, keep: list[Any] = ()) -> None:
         """Drop every entry; free each, except those in `keep` (abandoned with messages in flight:
         MPI may still use their buffers)."""
+        for program in self.compiled.values():
+            program.cached = False
         self.compiled.clear()
         while self.table:
             entry = self.table.popitem()[1]
@@ -82,7 +85,9 @@ class Cache:
 
     def _remove(self, key: tuple) -> None:
         entry = self.table.pop(key, None)
-        self.compiled.pop(key, None)
+        program = self.compiled.pop(key, None)
+        if program is not None:
+            program.cached = False
         if entry is not None:
             self.allocated -= entry.allocated
             entry.free()
