@@ -683,12 +683,24 @@ static PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t na
 
 /* bind(x, out, x_address, out_address): the arrays a run works on, as Python checked them (the
    Shortcut binds in C); unbind(): let them go. */
+static char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int writable);
+
+/* Where root 0 (x) or 1 (out) is: the address given, else (None) the array's own memory. */
+static char *address_of(Program *self, PyObject *array, PyObject *address, int root) {
+    if (address != Py_None)
+        return (char *)PyLong_AsVoidPtr(address);
+    if (array == Py_None)
+        return NULL;
+    return root ? memory_of(array, self->out_bytes, self->out_items, 1) : memory_of(array, self->x_bytes,
+                                                                                   self->x_items, 0);
+}
+
 static PyObject *program_bind(Program *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || self->nroots < 2) {
         PyErr_SetString(PyExc_TypeError, "bind(x, out, x_address, out_address) on a program with roots");
         return NULL;
     }
-    char *x = (char *)PyLong_AsVoidPtr(args[2]), *out = (char *)PyLong_AsVoidPtr(args[3]);
+    char *x = address_of(self, args[0], args[2], 0), *out = address_of(self, args[1], args[3], 1);
     if (PyErr_Occurred())
         return NULL;
     Py_XSETREF(self->x, Py_NewRef(args[0]));
@@ -766,7 +778,8 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
     {"bind", (PyCFunction)(void (*)(void))program_bind, METH_FASTCALL,
-     "bind(x, out, x_address, out_address): the arrays roots 0 and 1 are for the next run"},
+     "bind(x, out, x_address, out_address): the arrays roots 0 and 1 are for the next run (an address None: "
+     "the array's own)"},
     {"unbind", (PyCFunction)program_unbind, METH_NOARGS, "let the bound arrays go"},
     {"start", (PyCFunction)program_start, METH_O, "start(index): start one exchange; the MPI error code"},
     {"begin", (PyCFunction)program_begin, METH_NOARGS,

@@ -363,10 +363,11 @@ class Schedule:
         if out is None and self.allocate is not None:
             out = self.allocate()
         self.x, self.out = x, out
-        self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
-        self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
-        if self.compiled is not None:
-            self.compiled.bind(x, out, _address(x), _address(out))
+        if self.compiled is not None:  # (it reads their addresses itself)
+            self.compiled.bind(x, out, None, None)
+        else:  # the Python replay posts its messages on byte views of them
+            self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
+            self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
 
     def unbind(self) -> None:
         self.x = self.out = None
@@ -445,7 +446,7 @@ class Schedule:
         if program is not None:
             if out is None and self.allocate is not None:
                 out = self.allocate()
-            program.bind(x, out, _address(x), _address(out))
+            program.bind(x, out, None, None)
         else:
             self.bind(x, out)
         return program
@@ -475,19 +476,11 @@ def bindable(x: Any, out: Any) -> bool:
         return True
     if not (out.__class__ is _NDARRAY and out.flags.c_contiguous and out.flags.writeable):
         return False
-    if x is None or x is out or not (x.nbytes and out.nbytes):
-        return True
-    x_low, x_high = _extent(x)
-    out_low, out_high = _extent(out)
-    return x_high <= out_low or out_high <= x_low
+    return x is None or x is out or not numpy.may_share_memory(x, out)  # (contiguous: their bounds tell)
 
 
 def _as_bytes(a: numpy.ndarray) -> numpy.ndarray:
     return a.reshape(-1).view(numpy.uint8)
-
-
-def _address(a: Any) -> int:
-    return 0 if a is None else a.__array_interface__["data"][0]
 
 
 def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray]:
