@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from exporters import DeviceOnly, DLPackOnly, LegacyDLPack
 from mpi4py import MPI
 from oracles import assert_same, rank_input
 
@@ -646,38 +647,12 @@ def test_derived_datatypes(comm, form):
             assert_same(out, want, f"Reduce_scatter ({form}) {what}")
 
 
-class _DLPackOnly:
-    """Host memory offered through DLPack alone (no buffer protocol), as torch's CPU tensors do."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
-
-class _LegacyDLPack(_DLPackOnly):
-    """A DLPack exporter that takes none of the newer keywords, so NumPy cannot import it."""
-
-    def __dlpack__(self):
-        return self.array.__dlpack__()
-
-
-class _DeviceOnly:
-    """A buffer offered through the CUDA array interface alone."""
-
-    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3}
-
-
 @pytest.mark.parametrize("form", FORMS)
 def test_dlpack_buffers_with_a_datatype(comm, form):
     """A DLPack host object in a spec that names its datatype reads and writes its memory."""
     def args():
         x, out = data(4, RANK, 6, np.float64), np.zeros(6)
-        return ([_DLPackOnly(x), MPI.DOUBLE], [_DLPackOnly(out), 6, MPI.DOUBLE], MPI.SUM), (x, out)
+        return ([DLPackOnly(x), MPI.DOUBLE], [DLPackOnly(out), 6, MPI.DOUBLE], MPI.SUM), (x, out)
 
     (mine, (_, out)), (_, (x, want)) = args(), args()
     if form == "blocking":
@@ -697,7 +672,7 @@ def test_dlpack_buffers_without_a_datatype_bring_their_own(comm):
     """A DLPack host object (a CPU tensor, a JAX array) in a spec without a datatype is read with
     the dtype its DLPack export gives, as mpi4py reads it."""
     x, out = data(4, RANK, 6, np.float32), np.zeros(6, np.float32)
-    comm.Allreduce(_DLPackOnly(x), _DLPackOnly(out), MPI.SUM)
+    comm.Allreduce(DLPackOnly(x), DLPackOnly(out), MPI.SUM)
     want = np.empty(6, np.float32)
     WORLD.Allreduce(x, want, MPI.SUM)
     assert_same(out, want, "Allreduce of DLPack objects without a datatype")
@@ -724,8 +699,8 @@ BAD_CALLS = [
                                                                             MPI.LONG_DOUBLE])),
     ("reductions of long double", "recvbuf", lambda c: c.Scan(np.zeros(2, np.clongdouble),
                                                               np.zeros(2, np.clongdouble))),
-    ("device buffers are not supported", "buf", lambda c: c.Bcast(_DeviceOnly())),
-    ("DLPack buffers without a datatype", "buf", lambda c: c.Bcast(_LegacyDLPack(np.zeros(2)))),
+    ("device buffers are not supported", "buf", lambda c: c.Bcast(DeviceOnly())),
+    ("DLPack buffers without a datatype", "buf", lambda c: c.Bcast(LegacyDLPack(np.zeros(2)))),
     ("MPI.BOTTOM", "sendbuf", lambda c: c.Alltoallw([MPI.BOTTOM, ([1] * N, [0] * N), [MPI.INT] * N],
                                                     [np.zeros(N, np.int32), ([1] * N, [4 * k for k in range(N)]),
                                                      [MPI.INT] * N])),

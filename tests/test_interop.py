@@ -1,5 +1,5 @@
 """Arrays of other libraries through every collective (mpiring.interop): torch tensors where torch
-is installed, and everywhere a minimal DLPack exporter (`Exported`, below) that is neither NumPy
+is installed, and everywhere a minimal DLPack exporter (`DLPackOnly`, tests/exporters.py) that is neither NumPy
 nor CuPy. Results are checked against NumPy on regenerated inputs; zero-copy by addresses
 (data_ptr() against the view's); planning by the plan the engine keeps. World sizes 1-4."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from exporters import DLPackOnly
 from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
@@ -27,19 +28,6 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (
 # every dtype a torch tensor and mpiring share (bfloat16: see test_bfloat16_refused_with_a_way_out)
 TORCH_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128"]
-
-
-class Exported:
-    """Another library's array, as mpiring sees one: it offers DLPack and nothing else."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +151,9 @@ def test_any_dlpack_exporter(comm):
     x = rank_input(4, RANK, (5,), "int32")
     want = numpy_reduce("sum", all_inputs(4, N, (5,), "int32"))
     out = np.zeros(5, np.int32)
-    assert comm.allreduce(Exported(x), out=Exported(out)) is not None
+    assert comm.allreduce(DLPackOnly(x), out=DLPackOnly(out)) is not None
     assert_same(out, want, "exported out=")
-    got = comm.allreduce(Exported(x))  # a library without from_dlpack gets NumPy's array
+    got = comm.allreduce(DLPackOnly(x))  # a library without from_dlpack gets NumPy's array
     assert_same(got, want, "exported x")
 
 
@@ -173,8 +161,8 @@ def test_read_only_export_refused_as_out(comm):
     frozen = np.zeros(5, np.int32)
     frozen.setflags(write=False)  # as JAX exports its arrays
     with pytest.raises(mpiring.ArgumentError, match="read-only"):
-        comm.allreduce(np.ones(5, np.int32), out=Exported(frozen))
-    assert_same(comm.allreduce(Exported(frozen)), np.zeros(5, np.int32), "read-only input is fine")
+        comm.allreduce(np.ones(5, np.int32), out=DLPackOnly(frozen))
+    assert_same(comm.allreduce(DLPackOnly(frozen)), np.zeros(5, np.int32), "read-only input is fine")
 
 
 def test_dropin_takes_foreign_buffers(comm):
@@ -182,7 +170,7 @@ def test_dropin_takes_foreign_buffers(comm):
     want = np.empty(6)
     WORLD.Allreduce(x, want)
     got = np.zeros(6)
-    comm.Allreduce(Exported(x), Exported(got))
+    comm.Allreduce(DLPackOnly(x), DLPackOnly(got))
     assert_same(got, want, "Allreduce")
     if torch is not None:
         t = torch.zeros(6, dtype=torch.float64)

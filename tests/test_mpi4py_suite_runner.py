@@ -6,39 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from exporters import DeviceOnly, LegacyDLPack
 from mpi4py import MPI
 from run_mpi4py_suite import REFUSALS, _agree, _refusal
 
 from mpiring.buffer_api import bytes_vector, op_name, simple
 from mpiring.errors import ArgumentError
 
-
-class _DeviceOnly:
-    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f8", "data": (0, False), "version": 3}
-
-
-class _DLPackOnly:
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
-
-class _LegacyDLPack(_DLPackOnly):
-    """As mpi4py's own test helpers: no newer DLPack keywords, so NumPy cannot import it."""
-
-    def __dlpack__(self):
-        return self.array.__dlpack__()
-
-
 # one call per documented refusal, as the drop-in parses it
 REFUSED = {
-    "device buffers": lambda: simple("Bcast", "buf", _DeviceOnly()),
-    "DLPack buffers without a datatype": lambda: simple("Bcast", "buf", _LegacyDLPack(np.zeros(2))),
+    "device buffers": lambda: simple("Bcast", "buf", DeviceOnly()),
+    "DLPack buffers without a datatype": lambda: simple("Bcast", "buf", LegacyDLPack(np.zeros(2))),
     "MPI.BOTTOM": lambda: bytes_vector("Alltoallw", "sendbuf", [MPI.BOTTOM, ([1], [0]), [MPI.INT]], 1),
     "long double reductions": lambda: simple("Allreduce", "recvbuf", [np.zeros(2, np.longdouble), MPI.LONG_DOUBLE]),
     "derived datatypes that are not one strided view": lambda: simple(
