@@ -88,7 +88,8 @@ ROWS: list[Row] = [
         "(`rank 0 raised in a call and left it (see the error there) while this rank waits in ...`); "
         "the rejecting rank's next call that waits for a peer sees the abandoned call's message and raises too "
         "(`... this rank has seen 1 more failed call(s) than rank 1 ...`). Peers that need nothing from it (a "
-        "reduce's senders) return their own result, None. Make a new communicator", min_ranks=2),
+        "reduce's senders) return their own result, None; one that also received in that call may see the notice "
+        "by its end and raise `MessageMismatchError` instead. Make a new communicator", min_ranks=2),
     Row("out-some-ranks", f"`out=` that is wrong on some ranks only, every rank passing the same (reduce-scatter "
         f"of p+2 rows with `out=` of 1 row: rank 0's and 1's parts have 2; {T}), or on the root only",
         "`ArgumentError` where it is wrong; every other rank raises `MessageMismatchError` within about 50 ms, "

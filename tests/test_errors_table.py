@@ -246,11 +246,16 @@ def _(comm):
     fresh = _fresh(timeout=T)
     bad = np.empty(3) if RANK == 0 else None  # the root's out= has the wrong shape
     first = everyone(attempt(lambda: fresh.reduce(np.full(2, RANK + 1.0), root=0, out=bad)))
-    assert first[0].error == "ArgumentError" and all(o.error is None for o in first[1:]), describe(first)
+    assert first[0].error == "ArgumentError", describe(first)
+    # a sender returns None; one that also received (inside the tree, from 4 ranks) may see the
+    # root's notice by its end and raise: an error, never data
+    assert all(o.value is None and o.error in (None, "MessageMismatchError") for o in first[1:]), describe(first)
     second = everyone(attempt(lambda: fresh.reduce(np.full(2, 10.0 * (RANK + 1)), root=0)))
     assert second[0].error == "MessageMismatchError", describe(second)  # its tags moved on: never call 1's sum
-    assert "this rank has seen 1 more failed call(s) than rank" in second[0].message, describe(second)
-    assert all(o.error is None and o.value is None for o in second[1:]), describe(second)  # they only send
+    assert all(o.value is None for o in second[1:]), describe(second)  # they only send
+    if all(o.error is None for o in first[1:]):  # the root alone raised: the others' calls complete
+        assert "this rank has seen 1 more failed call(s) than rank" in second[0].message, describe(second)
+        assert all(o.error is None for o in second[1:]), describe(second)
     other = _fresh(timeout=T)
     bad = np.empty(3) if RANK == LAST else None
     first = everyone(attempt(lambda: other.allreduce(np.ones(2), out=bad)))
@@ -666,7 +671,8 @@ def _(comm):
             attempt(lambda f=fresh, o=out, c=call: c(f, o))  # returns or raises: what its peers' out= hold matters
         else:
             outcome = attempt(lambda f=fresh, o=out, c=call: c(f, o))
-            assert outcome.error == "CollectiveTimeout", f"{name}: {outcome}"
+            # its own timeout, or a peer's notice that it timed out first (many ranks on few cores)
+            assert outcome.error in ("CollectiveTimeout", "MessageMismatchError"), f"{name}: {outcome}"
             out[:] = 42.0
         for _ in range(3):  # MPI progresses on every rank while the late rank's messages are out
             WORLD.barrier()
