@@ -465,7 +465,7 @@ class Communicator(BufferAPI):
 
     def _blocking_failed(self, error: BaseException) -> None:
         if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
-            leave_notice(self._ring)
+            leave_notice(self._ring, error)
         self._failed()
 
     def _failed(self) -> None:

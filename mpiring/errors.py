@@ -72,15 +72,20 @@ class CollectiveTimeout(MpiringError, TimeoutError):
     take them, so leave those unwritten while the job goes on. The communicator takes no more calls.
     """
 
-    def __init__(self, collective: str, algorithm: str, step: int, waiting_on: list[str], seconds: float) -> None:
+    def __init__(self, collective: str, algorithm: str, step: int, waiting_on: list[str], seconds: float,
+                 first: int | None = None) -> None:
         self.collective = collective
         self.algorithm = algorithm
         self.step = step
         self.waiting_on = waiting_on
+        self.seconds = seconds
+        self.first = first  # the peer whose timeout came first and whose notice ended this wait
+        why = "" if first is None else (f"rank {first} timed out in this call and left it, and its notice "
+                                        "ended this rank's wait; ")
         super().__init__(
             f"{collective} ({algorithm}) timed out after {seconds:g} s in step {step}, "
-            f"still waiting to {', '.join(waiting_on)} (its receives were cancelled; its sends may still read x "
-            "until those ranks take them: do not write x while the job goes on)"
+            f"still waiting to {', '.join(waiting_on)} ({why}its receives were cancelled; its sends may still "
+            "read x until those ranks take them: do not write x while the job goes on)"
         )
 
 

@@ -188,10 +188,11 @@ ROWS: list[Row] = [
         "rank: the job does not end silently", min_ranks=2),
     Row("late-after-abandon", f"a rank comes late (with a longer timeout) to an all-reduce its peers gave up ({T}), "
         "after they wrote into their `x`; unplanned, replayed in C and in Python, nonblocking and persistent",
-        "the late rank raises `MessageMismatchError` within 1 s (`rank 0 raised in a call and left it (see "
-        "the error there) while this rank's allreduce ... went on: its data may come from the call that rank left`); "
-        "it never returns: every call that received data asks, at its end, for a notice of this very call "
-        "(one `MPI_Iprobe`)", min_ranks=2),
+        "the late rank raises within 1 s and never returns: `CollectiveTimeout` while it still waits (`... (rank 0 "
+        "timed out in this call and left it, and its notice ended this rank's wait; ...)`), or, where its call "
+        "completed, `MessageMismatchError` (`rank 0 raised in this call and left it (see the error there) while "
+        "this rank's allreduce ... went on: its data may come from the call that rank left`): every call that "
+        "received data asks, at its end, for a notice of this very call (one `MPI_Iprobe`)", min_ranks=2),
     Row("no-write-after-raise", f"after a call raised ({T}), the caller writes its `out=` while a late peer's "
         "broadcast, all-gather or 1M-element all-reduce sends to it", "the written values stay: the receives a "
         "raising call still had posted are cancelled (`MPI_Cancel`, then completed) before it raises, so MPI writes "

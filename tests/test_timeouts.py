@@ -9,6 +9,7 @@ and is never used again (nor freed, which would need the skipping rank to match 
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -112,6 +113,26 @@ def test_the_skipped_ranks_neighbour_names_it():
     assert right.error == "CollectiveTimeout" and right.attributes["step"] == 0, describe(outcomes)
     assert right.attributes["waiting_on"] == [f"receive from rank {skipper}"], describe(outcomes)
     assert f"still waiting to receive from rank {skipper}" in right.message
+
+
+@pytest.mark.skipif(N < 3, reason="needs a rank to skip and two to wait")
+@pytest.mark.parametrize("blocking", [True, False])
+def test_the_first_timeout_ends_its_peers_waits_with_the_same_error(blocking):
+    """Rank 0 times out long before the others would: its notice ends their waits in that call
+    with CollectiveTimeout, not a mismatch and not their own 30 s."""
+    comm = mpiring.Communicator(timeout=T if RANK == 0 else 30.0)
+    mine = None
+    if RANK != N - 1:
+        mine = attempt(lambda: _start(comm, "allreduce", blocking, 0, algorithm="ring"))
+    outcomes = everyone(mine)
+    assert outcomes[0].error == "CollectiveTimeout" and "left it" not in outcomes[0].message, \
+        describe(outcomes)
+    for o in outcomes[1:N - 1]:
+        assert o.error == "CollectiveTimeout" and o.seconds <= BOUND, describe(outcomes)
+        assert o.message.startswith(f"allreduce (ring) timed out after {T:g} s in step "), describe(outcomes)
+        # rank 0's notice, or that of a rank it ended the wait of (each leaves one too)
+        assert re.search(r"rank [0-9]+ timed out in this call and left it", o.message), describe(outcomes)
+        assert o.attributes["waiting_on"], describe(outcomes)
 
 
 @needs_two

@@ -124,7 +124,7 @@ class CollectiveRequest:
         may leave its messages in flight breaks the ring, which keeps the step's buffers alive."""
         if isinstance(error, (CollectiveTimeout, CommunicationError)):
             self._ring.abandon(self._call, error, (self._step, self._steps))
-            leave_notice(self._ring, self._call.number)  # a peer that completes it raises instead of returning
+            leave_notice(self._ring, error, self._call.number)  # a peer that completes it raises instead of returning
         self._done, self._error, self._step = True, error, None
         self._leave()
 
@@ -601,7 +601,7 @@ class PersistentRequest:
         if self in self._ring.in_flight:
             self._ring.in_flight.remove(self)
         self._ring.abandon(self._call, error, self._recorded)  # keeps its buffers: MPI may still write them
-        leave_notice(self._ring, self._call.number)  # a peer that completes this run raises instead of returning
+        leave_notice(self._ring, error, self._call.number)  # a peer that completes this run raises instead of returning
 
     def _check_started(self) -> None:
         """Raise what the last run raised, or that there was no run yet."""

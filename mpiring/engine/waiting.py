@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import struct
 import time
 
 from mpi4py import MPI
@@ -33,7 +34,9 @@ YIELD_SECONDS = 10e-3
 # A long wait looks this often for a message of another call from the peer it waits for (_Watch).
 _LOOK_SECONDS = 20e-3
 
-_NOTHING = bytearray(0)  # the buffer of an empty message (notices)
+# A notice is empty, or, from a rank that timed out, the 8 bytes of its timeout (a float64):
+# a peer it ends the wait of raises CollectiveTimeout too, as it would have at its own deadline.
+_NOTICE = bytearray(8)  # receives either
 _status = MPI.Status()  # where no_notice's probe writes (one thread per communicator calls)
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
@@ -188,8 +191,9 @@ def _put_back(step: Step, statuses: list[MPI.Status] | None) -> None:
         target.Set_elements(MPI.BYTE, seen.Get_count(MPI.BYTE))
 
 
-def _raise_timeout(step: Step, call: Call) -> None:
-    """Raise CollectiveTimeout naming the peers still outstanding (return if there are none).
+def _raise_timeout(step: Step, call: Call, seconds: float | None = None, first: int | None = None) -> None:
+    """Raise CollectiveTimeout naming the peers still outstanding (return if there are none);
+    `first`: the peer that timed out after `seconds` and whose notice ended this wait.
 
     `finished` only looks: Test would free a request that finished since the last check,
     losing its status, and could leave nobody to name when the last ones just arrived.
@@ -197,7 +201,8 @@ def _raise_timeout(step: Step, call: Call) -> None:
     waiting = [f"{what} rank {peer}" for index, (what, peer) in enumerate(step.peers) if not finished(step, index)]
     if waiting:
         cancel_receives(step)
-        raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting, call.timeout)
+        raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting,
+                                call.timeout if seconds is None else seconds, first)
 
 
 def cancel_receives(step: Step) -> None:
@@ -268,9 +273,20 @@ class _Watch:
         if found is None and self.notice is not None and self.ring.comm.Iprobe(MPI.ANY_SOURCE, self.notice, _status):
             found = self.seen = (_status.Get_source(), self.notice)  # that peer left this call: no second look
         if found is not None and found == self.seen:
+            source, tag = found
+            if tag == self.notice and self.ring.comm.Iprobe(source, tag, _status) and _status.Get_count(MPI.BYTE) == 8:
+                self._timed_out_first(source, tag)  # returns where nothing is outstanding
             cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
         self.seen = found
+
+    def _timed_out_first(self, source: int, tag: int) -> None:
+        """A peer left this call at its timeout: so does this rank, with the same error (the
+        ranks that one rank kept waiting all raise CollectiveTimeout, whichever deadline came first)."""
+        if all(finished(self.step, index) for index in range(len(self.step.peers))):
+            return
+        self.ring.comm.Recv([_NOTICE, 8, MPI.BYTE], source, tag)
+        _raise_timeout(self.step, self.call, struct.unpack("d", _NOTICE)[0], source)
 
 
 def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | None:
@@ -297,7 +313,7 @@ def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | Non
                 break
             if not tags.is_notice(tag) or tags.notice_of(tag, ring.failures):  # a peer left a call of this generation
                 return source, tag
-            ring.comm.Recv([_NOTHING, 0, MPI.BYTE], source, tag)  # a notice of a call this rank left too
+            ring.comm.Recv([_NOTICE, 8, MPI.BYTE], source, tag)  # a notice of a call this rank left too
     return None
 
 
@@ -316,22 +332,24 @@ def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | N
                                    f"call {number} here) went on: its data may come from the call that rank left")
 
 
-def leave_notice(ring: Ring, calls: int | None = None) -> None:
-    """This rank's call numbered `calls` (the blocking call now, by default) raised and it moves
-    on: tell every other rank with an empty message on the notice tag of its generation and of
+def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> None:
+    """This rank's call numbered `calls` (the blocking call now, by default) raised `error` and it
+    moves on: tell every other rank with a message on the notice tag of its generation and of
     that call, so a peer waiting for it in that call, or in any later call of that generation,
     raises at once (foreign_message) rather than at its timeout, and a peer that completed that
-    call raises at its end (no_notice). The notices of that call the peers sent this rank (they
-    raised too) are taken out of the way now, the others of that generation by a later look."""
+    call raises at its end (no_notice). A timeout's notice carries its seconds: a peer waiting in
+    that call raises CollectiveTimeout too (_Watch). The notices of that call the peers sent this
+    rank (they raised too) are taken out of the way now, the others of that generation by a later look."""
     tag = ring.tags.notice(ring.failures, ring.calls if calls is None else calls)
     if tag is None:
         return
     ring.notices = [request for request in ring.notices if not request.Test()]
-    ring.notices += [ring.comm.Isend([_NOTHING, 0, MPI.BYTE], peer, tag)
+    notice = struct.pack("d", error.seconds) if isinstance(error, CollectiveTimeout) else b""  # kept by its requests
+    ring.notices += [ring.comm.Isend([notice, len(notice), MPI.BYTE], peer, tag)
                      for peer in range(ring.size) if peer != ring.rank]
     status = MPI.Status()
     while ring.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
-        ring.comm.Recv([_NOTHING, 0, MPI.BYTE], status.Get_source(), tag)
+        ring.comm.Recv([_NOTICE, 8, MPI.BYTE], status.Get_source(), tag)
 
 
 def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
