@@ -41,6 +41,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import numpy
@@ -385,6 +386,18 @@ def _named_datatypes() -> dict[int, tuple[Any, numpy.dtype]]:
 _NAMED = _named_datatypes()
 
 
+def _named_items(buf: Any, datatype: Any) -> Any:
+    """The flat elements of a contiguous NumPy array seen as a predefined datatype (another
+    datatype than the array's reinterprets its bytes, as in MPI), or None where the generic
+    parse must look (any other buffer or datatype)."""
+    named = _NAMED.get(id(datatype))
+    if (named is None or named[0] is not datatype or buf.__class__ is not _NDARRAY or not buf.flags.c_contiguous
+            or buf.dtype not in SUPPORTED_DTYPES or buf.nbytes % named[1].itemsize):
+        return None
+    flat = buf if buf.ndim == 1 else buf.reshape(-1)
+    return flat if flat.dtype == named[1] else flat.view(named[1])
+
+
 def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     """The elements a plain spec names: a view of the caller's memory.
 
@@ -396,14 +409,9 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
     if spec.__class__ is list and len(spec) == 2:  # [array, MPI.FLOAT], [array, MPI.BYTE]: as common
-        buf, named = spec[0], _NAMED.get(id(spec[1]))
-        if (named is not None and named[0] is spec[1] and buf.__class__ is _NDARRAY and buf.flags.c_contiguous
-                and buf.dtype in SUPPORTED_DTYPES and buf.nbytes % named[1].itemsize == 0):
-            flat = buf if buf.ndim == 1 else buf.reshape(-1)
-            if flat.dtype != named[1]:  # another datatype than the array's reinterprets its bytes, as in MPI
-                flat = flat.view(named[1])
-            if blocks == 1 or flat.size % blocks == 0:
-                return flat
+        flat = _named_items(spec[0], spec[1])
+        if flat is not None and (blocks == 1 or flat.size % blocks == 0):
+            return flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
@@ -458,7 +466,7 @@ class Vector:
 
 
 def _starts(counts: Sequence[int]) -> list[int]:
-    return [sum(counts[:k]) for k in range(len(counts))]
+    return list(accumulate(counts[:-1], initial=0)) if counts else []
 
 
 def vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
@@ -487,6 +495,19 @@ def vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
     if type(items) is _Instances:  # counts in elements, the spans in instances
         return Vector(items, [c * items.unit for c in counts], displs, counts)
     return Vector(items, counts, displs, counts)
+
+
+def packed_blocks(spec: Any, size: int) -> tuple[Any, tuple[int, ...]] | None:
+    """The common v-variant spec, [array, counts, datatype] with a list of `size` non-negative
+    ints, a contiguous NumPy array and a predefined datatype: (its blocks' elements, packed in
+    rank order, and the counts) at once; None where vector() must parse it."""
+    if spec.__class__ is not list or len(spec) != 3 or spec[1].__class__ is not list or len(spec[1]) != size:
+        return None
+    counts = tuple(spec[1])
+    if not all(c.__class__ is int for c in counts) or (counts and min(counts) < 0):
+        return None
+    items, total = _named_items(spec[0], spec[2]), sum(counts)
+    return None if items is None or total > items.size else (items[:total], counts)
 
 
 def bytes_vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
@@ -840,6 +861,9 @@ class BufferAPI:
 
     def _parse_alltoallv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p = self.size
+        receive, send = packed_blocks(recvbuf, p), packed_blocks(sendbuf, p)
+        if receive is not None and send is not None and receive[0].dtype == send[0].dtype:
+            return _Prepared("alltoallv", send[0], receive[0], None, None, (send[1], receive[1]))
         receive = vector("Alltoallv", "recvbuf", recvbuf, p)
         send = receive if _is_in_place(sendbuf) else vector("Alltoallv", "sendbuf", sendbuf, p)
         return self._alltoallv_of("Alltoallv", send, receive)

@@ -480,6 +480,21 @@ def _byte_layout(counts: list[int], types: list, gap: int, reverse: bool) -> tup
 
 
 @pytest.mark.parametrize("form", FORMS)
+def test_alltoallv_of_a_counts_list(comm, form):
+    """[array, counts, datatype] with counts a list, the commonest v-spec (read at once): uneven
+    and empty blocks, the array's own datatype or its bytes, a tail the blocks leave alone."""
+    for i, dtype in enumerate((np.float32, np.int64, np.complex128)):
+        sends = [(RANK + 2 * j + i) % 3 for j in range(N)]
+        receives = [(j + 2 * RANK + i) % 3 for j in range(N)]
+        for datatype in (typed(np.zeros(1, dtype)), MPI.BYTE):
+            scale = np.dtype(dtype).itemsize if datatype is MPI.BYTE else 1
+            same("Alltoallv", lambda dtype=dtype, i=i, sends=sends, receives=receives, datatype=datatype, scale=scale: (
+                [data(i, RANK, sum(sends) + 1, dtype), [c * scale for c in sends], datatype],
+                [np.zeros(sum(receives) + 2, dtype), [c * scale for c in receives], datatype]),
+                comm, f"{dtype} {datatype}", form)
+
+
+@pytest.mark.parametrize("form", FORMS)
 def test_alltoallw(comm, form):
     """Per-peer counts, datatypes and byte displacements (gaps, reverse order, unaligned), the
     pair and the four-item spec, the two-item one, and in place; against mpi4py's
@@ -732,6 +747,14 @@ BAD_CALLS = [
     ("MAXLOC", "op", lambda c: c.Scan(np.zeros(2), np.zeros(2), MPI.MAXLOC)),
     ("datatype", "sendbuf", lambda c: c.Alltoallv([np.zeros(N, np.int64), [1] * N], [np.zeros(N), [1] * N])),
     ("runs past", "recvbuf", lambda c: c.Alltoallv([np.zeros(N), [1] * N], [np.zeros(N), [2] * N])),
+    ("datatype", "sendbuf", lambda c: c.Alltoallv([np.zeros(N, np.int64), [1] * N, MPI.INT64_T],
+                                                  [np.zeros(N), [1] * N, MPI.DOUBLE])),
+    ("runs past", "recvbuf", lambda c: c.Alltoallv([np.zeros(N), [1] * N, MPI.DOUBLE],
+                                                   [np.zeros(N), [2] * N, MPI.DOUBLE])),
+    ("non-negative", "recvbuf", lambda c: c.Alltoallv([np.zeros(N), [1] * N, MPI.DOUBLE],
+                                                      [np.zeros(N), [-1] * N, MPI.DOUBLE])),
+    ("one per rank", "sendbuf", lambda c: c.Alltoallv([np.zeros(N + 1), [1] * (N + 1), MPI.DOUBLE],
+                                                      [np.zeros(N), [1] * N, MPI.DOUBLE])),
 ]
 USER_OP = None
 UNEVEN = _committed(MPI.DOUBLE.Create_indexed_block(1, [0, 2, 4]))  # extent 5: two instances are not one stride

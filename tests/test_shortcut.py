@@ -58,8 +58,9 @@ class Rig:
     """A Shortcut over one compiled schedule, allreduce of 4 float32 (out <- x + x), and what
     reached Python."""
 
-    def __init__(self, works=None, out_given=True) -> None:
+    def __init__(self, works=None, out_given=True, counts=None) -> None:
         self.x, self.out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        self.counts = counts
         made = []
         self.made = made
 
@@ -74,14 +75,14 @@ class Rig:
         self.shortcut = compiled.shortcut(self.table, self.ring, self.communicator, self._in_python, self._after,
                                           YIELD)
 
-    @staticmethod
-    def key(x, out, op="sum"):
-        return layout_key("allreduce", x, out, op, None, None, "auto")
+    def key(self, x, out, op="sum"):
+        return layout_key("allreduce", x, out, op, None, self.counts, "auto")
 
-    def call(self, x=None, out=None, op="sum", timeout=None, given=True):
+    def call(self, x=None, out=None, op="sum", timeout=None, given=True, counts=None):
         x = self.x if x is None else x
         out = (self.out if out is None else out) if given else None
-        return self.shortcut("allreduce", x, out, op, None, None, "auto", timeout)
+        return self.shortcut("allreduce", x, out, op, None, self.counts if counts is None else counts, "auto",
+                             timeout)
 
     def _in_python(self, *args):
         self.in_python.append(args)
@@ -490,3 +491,18 @@ def test_the_last_hit_is_found_again_only_while_it_is_the_same_call() -> None:
     rig.table.clear()
     rig.program.cached = False  # dropped from the table: not run from the memo either
     assert rig.call() == "python" and len(rig.in_python) == 2
+
+
+def test_the_last_hit_takes_counts_made_anew_of_equal_plain_ints() -> None:
+    """counts= is a new tuple each call (made from the caller's list): equal ints (or pairs of
+    int tuples) find the memo; other values, or items whose equality is not plain ints', do not."""
+    rig = Rig(counts=((2, 2), (2, 2)))
+    rig.program.cached = True
+    assert rig.call() is rig.out
+    rig.table.clear()  # from here only the memo can find the program (it stays marked cached)
+    assert rig.call(counts=(tuple([2, 2]), tuple([2, 2]))) is rig.out and not rig.in_python
+    assert rig.call(counts=((2, 2), (1, 3))) == "python"
+    assert rig.call(counts=((np.int64(2), 2), (2, 2))) == "python"  # not plain: the table decides
+    assert rig.call(counts=((2.0, 2), (2, 2))) == "python"
+    assert rig.call(counts=[(2, 2), (2, 2)]) == "python"
+    assert len(rig.in_python) == 4

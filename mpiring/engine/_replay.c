@@ -1119,9 +1119,40 @@ static int same_facts(PyObject *array, const Facts *facts) {
            memcmp(a->dimensions, facts->dims, sizeof(Py_ssize_t) * a->nd) == 0;
 }
 
+/* Whether `counts` is a tuple of ints, of None or of tuples of ints (alltoallv's pair), whose
+   equality is exact and runs no Python code. */
+static int plain_counts(PyObject *counts) {
+    if (!PyTuple_CheckExact(counts))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(counts); i++) {
+        PyObject *item = PyTuple_GET_ITEM(counts, i);
+        if (PyLong_CheckExact(item) || item == Py_None)
+            continue;
+        if (!PyTuple_CheckExact(item))
+            return 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(item); j++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(item, j)))
+                return 0;
+    }
+    return 1;
+}
+
+/* counts= as the memo's: the same object, or (a tuple made anew each call from the caller's
+   list) plain counts of equal value. */
+static int same_counts(PyObject *counts, PyObject *memo) {
+    if (counts == memo)
+        return 1;
+    if (!plain_counts(counts) || !plain_counts(memo))
+        return 0;
+    int equal = PyObject_RichCompareBool(counts, memo, Py_EQ);
+    if (equal < 0)
+        PyErr_Clear();
+    return equal == 1;
+}
+
 /* The memo's program if this call is the memo's again: the same arguments (collective, op,
-   root, counts, algorithm: the very objects), x and out as they were (the same layout key, so
-   the same schedule), the program still in the table; NULL otherwise. */
+   root, algorithm: the very objects; counts equal), x and out as they were (the same layout
+   key, so the same schedule), the program still in the table; NULL otherwise. */
 static Program *memo_hit(Shortcut *self, PyObject *const *args) {
     static const int at[MEMO_ARGS] = {0, 3, 4, 5, 6};
     Program *p = self->memo;
@@ -1129,7 +1160,7 @@ static Program *memo_hit(Shortcut *self, PyObject *const *args) {
         self->memo_in_place)
         return NULL;
     for (int i = 0; i < MEMO_ARGS; i++)
-        if (args[at[i]] != self->memo_args[i])
+        if (at[i] == 5 ? !same_counts(args[5], self->memo_args[i]) : args[at[i]] != self->memo_args[i])
             return NULL;
     return same_facts(args[1], &self->memo_arrays[0]) && same_facts(args[2], &self->memo_arrays[1]) ? p : NULL;
 }
