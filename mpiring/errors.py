@@ -73,15 +73,15 @@ class CollectiveTimeout(MpiringError, TimeoutError):
     """
 
     def __init__(self, collective: str, algorithm: str, step: int, waiting_on: list[str], seconds: float,
-                 first: int | None = None) -> None:
+                 notice_from: int | None = None) -> None:
         self.collective = collective
         self.algorithm = algorithm
         self.step = step
         self.waiting_on = waiting_on
         self.seconds = seconds
-        self.first = first  # the peer whose timeout came first and whose notice ended this wait
-        why = "" if first is None else (f"rank {first} timed out in this call and left it, and its notice "
-                                        "ended this rank's wait; ")
+        self.notice_from = notice_from  # the peer that timed out and whose notice ended this wait
+        why = "" if notice_from is None else (f"rank {notice_from} timed out in this call and left it, and its "
+                                              "notice ended this rank's wait; ")
         super().__init__(
             f"{collective} ({algorithm}) timed out after {seconds:g} s in step {step}, "
             f"still waiting to {', '.join(waiting_on)} ({why}its receives were cancelled; its sends may still "

@@ -191,9 +191,9 @@ def _put_back(step: Step, statuses: list[MPI.Status] | None) -> None:
         target.Set_elements(MPI.BYTE, seen.Get_count(MPI.BYTE))
 
 
-def _raise_timeout(step: Step, call: Call, seconds: float | None = None, first: int | None = None) -> None:
+def _raise_timeout(step: Step, call: Call, seconds: float | None = None, notice_from: int | None = None) -> None:
     """Raise CollectiveTimeout naming the peers still outstanding (return if there are none);
-    `first`: the peer that timed out after `seconds` and whose notice ended this wait.
+    `notice_from`: the peer that timed out after `seconds` and whose notice ended this wait.
 
     `finished` only looks: Test would free a request that finished since the last check,
     losing its status, and could leave nobody to name when the last ones just arrived.
@@ -202,7 +202,7 @@ def _raise_timeout(step: Step, call: Call, seconds: float | None = None, first: 
     if waiting:
         cancel_receives(step)
         raise CollectiveTimeout(call.collective, call.algorithm, call.step, waiting,
-                                call.timeout if seconds is None else seconds, first)
+                                call.timeout if seconds is None else seconds, notice_from)
 
 
 def cancel_receives(step: Step) -> None:
@@ -275,14 +275,14 @@ class _Watch:
         if found is not None and found == self.seen:
             source, tag = found
             if tag == self.notice and self.ring.comm.Iprobe(source, tag, _status) and _status.Get_count(MPI.BYTE) == 8:
-                self._timed_out_first(source, tag)  # returns where nothing is outstanding
+                self._peer_timed_out(source, tag)  # returns where nothing is outstanding
             cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
         self.seen = found
 
-    def _timed_out_first(self, source: int, tag: int) -> None:
+    def _peer_timed_out(self, source: int, tag: int) -> None:
         """A peer left this call at its timeout: so does this rank, with the same error (the
-        ranks that one rank kept waiting all raise CollectiveTimeout, whichever deadline came first)."""
+        ranks one missing rank kept waiting all raise CollectiveTimeout, whichever deadline came first)."""
         if all(finished(self.step, index) for index in range(len(self.step.peers))):
             return
         self.ring.comm.Recv([_NOTICE, 8, MPI.BYTE], source, tag)
