@@ -30,7 +30,8 @@ class Outcome:
         return f"rank {self.rank} after {self.seconds:.2f} s: {what}"
 
 
-_ATTRIBUTES = ("collective", "algorithm", "step", "waiting_on", "argument", "fields", "ranks", "groups")
+_ATTRIBUTES = ("collective", "algorithm", "step", "waiting_on", "notice_from", "argument", "fields", "ranks",
+               "groups")
 
 
 def attempt(call: Callable[[], Any]) -> Outcome:

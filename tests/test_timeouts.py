@@ -125,13 +125,16 @@ def test_the_first_timeout_ends_its_peers_waits_with_the_same_error(blocking):
     if RANK != N - 1:
         mine = attempt(lambda: _start(comm, "allreduce", blocking, 0, algorithm="ring"))
     outcomes = everyone(mine)
-    assert outcomes[0].error == "CollectiveTimeout" and "left it" not in outcomes[0].message, \
+    assert outcomes[0].error == "CollectiveTimeout" and outcomes[0].attributes["notice_from"] is None, \
         describe(outcomes)
+    assert "left it" not in outcomes[0].message, describe(outcomes)
     for o in outcomes[1:N - 1]:
         assert o.error == "CollectiveTimeout" and o.seconds <= BOUND, describe(outcomes)
         assert o.message.startswith(f"allreduce (ring) timed out after {T:g} s in step "), describe(outcomes)
         # rank 0's notice, or that of a rank it ended the wait of (each leaves one too)
-        assert re.search(r"rank [0-9]+ timed out in this call and left it", o.message), describe(outcomes)
+        assert re.search(rf"rank {o.attributes['notice_from']} timed out in this call and left it", o.message), \
+            describe(outcomes)
+        assert o.attributes["notice_from"] in range(N - 1), describe(outcomes)  # a rank that timed out
         assert o.attributes["waiting_on"], describe(outcomes)
 
 
