@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from mpiring.backend import NUMPY, NumpyBackend, binding
 from mpiring.engine import compiled
-from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
+from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step, without_posted
 from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring
 
@@ -198,10 +198,7 @@ class Recorder:
         return step
 
     def wait(self, step: Step) -> None:
-        if not any(step is posted for posted in self.unwaited):
-            raise RuntimeError("a collective being planned waited for a step it did not post (it may not "
-                               "communicate while its plan is built)")
-        self.unwaited = [posted for posted in self.unwaited if posted is not step]
+        self.unwaited = without_posted(self.unwaited, step, "plan")
         self.actions.append((WAIT, step))
         for work in self._after.pop(id(step), ()):
             self.work(work)

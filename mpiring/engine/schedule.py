@@ -37,7 +37,7 @@ from mpi4py import MPI
 from mpiring import host_memory
 from mpiring.backend import NUMPY
 from mpiring.engine import compiled
-from mpiring.engine.transport import Call, Step, Traffic
+from mpiring.engine.transport import Call, Step, Traffic, without_posted
 from mpiring.ops import AVG, UFUNC_NAMES
 from mpiring.ring import Ring
 
@@ -160,10 +160,7 @@ class Recorder:
         return step
 
     def wait(self, step: Step) -> None:
-        if not any(step is posted for posted in self.unwaited):
-            raise RuntimeError("a collective being recorded waited for a step it did not post (it may not "
-                               "communicate while its schedule is built)")
-        self.unwaited = [posted for posted in self.unwaited if posted is not step]
+        self.unwaited = without_posted(self.unwaited, step, "schedule")
         self.actions.append(("wait", step))
 
     def work(self, work: _Work) -> None:

@@ -93,6 +93,15 @@ class Call:
 Steps = Generator[Step, None, Any]
 
 
+def without_posted(unwaited: list[Step], step: Step, building: str) -> list[Step]:
+    """`unwaited` less `step`, which the collective being built (`building`: "schedule", "plan")
+    must have posted itself: it may not communicate otherwise while it is built."""
+    if not any(step is posted for posted in unwaited):
+        raise RuntimeError(f"a collective whose {building} is being built waited for a step it did not post (it "
+                           f"may not communicate while its {building} is built)")
+    return [posted for posted in unwaited if posted is not step]
+
+
 def make_step(
     comm: MPI.Intracomm,
     backend: NumpyBackend,
