@@ -158,7 +158,7 @@ def _algorithm(ring: Ring, call: Call, nbytes: int) -> Any:
     exchange and scatter after the header. A blocking call's tag then names the algorithm too
     (mpiring.identity), so ranks that chose differently never match each other's messages.
     """
-    call.algorithm = choose(call.collective, call.algorithm, nbytes, ring.size)
+    call.algorithm = choose(call.collective, call.algorithm, nbytes, ring.size, ring.nodes)
     call.tag = ring.tags.with_identity(call.tag, identity.of_algorithm(call.collective, call.algorithm))
     return ALGORITHMS[call.collective][call.algorithm]
 

@@ -9,7 +9,6 @@ the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from functools import partial
 from threading import get_ident
@@ -18,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy
 from mpi4py import MPI
 
-from mpiring import collectives, consistency, environment, identity
+from mpiring import collectives, consistency, environment, identity, topology
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE, SAME_SIZE_EVERYWHERE
@@ -40,7 +39,7 @@ from mpiring.errors import (
     ConcurrentUseError,
     MpiringError,
 )
-from mpiring.launch import check_world_size, local_ranks
+from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.ring import IN_FLIGHT_BYTES, Ring
 from mpiring.selection import read_environment
@@ -120,7 +119,7 @@ class Communicator(BufferAPI):
                                       or IN_FLIGHT_BYTES)
         try:
             with _communicator_made():
-                self._ring.node_local, cores_for_all = _node_facts(self._ring.comm)
+                self._ring.nodes, self._ring.node_local, cores_for_all = topology.discover(self._ring.comm)
         except CommunicationError:
             private.Free()
             raise
@@ -972,21 +971,6 @@ def _plannable(backend: Any, x: Any) -> bool:
     return backend.plannable and (x is None or x.flags.c_contiguous)
 
 
-def _node_facts(comm: MPI.Intracomm) -> tuple[bool, bool]:
-    """Collective: whether every rank of `comm` shares one node (and so may use CUDA IPC), and
-    whether this node has a core for each of its ranks: the CPUs its ranks of `comm` may run on,
-    together, at least as many as the ranks on the node (the launcher's count, where it gives one).
-    A communicator of one rank never waits for a message: it asks nothing (and uses no context id)."""
-    if comm.Get_size() == 1:
-        return True, False
-    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        cpus = set().union(*shared.allgather(_allowed_cpus()))
-        return shared.Get_size() == comm.Get_size(), len(cpus) >= max(shared.Get_size(), local_ranks())
-    finally:
-        shared.Free()
-
-
 @contextlib.contextmanager
 def _communicator_made() -> Iterator[None]:
     """Around an MPI call that makes a communicator: MPI's error, most often that every context
@@ -1000,12 +984,6 @@ def _communicator_made() -> Iterator[None]:
             "if the program makes many, free() each one it no longer needs on every rank, or use "
             "`with mpiring.Communicator() as comm:`",
         ) from error
-
-
-def _allowed_cpus() -> set[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return os.sched_getaffinity(0)
-    return set(range(os.cpu_count() or 1))
 
 
 def _last_line(text: str) -> str:

@@ -28,6 +28,7 @@ from mpiring.engine.scratch import POOL_FROM_BYTES, Scratch, ScratchPool
 from mpiring.engine.tags import Tags
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
 from mpiring.errors import ConcurrentUseError
+from mpiring.topology import NodeMap
 
 if TYPE_CHECKING:
     from mpiring.backend import NumpyBackend
@@ -82,7 +83,10 @@ class Ring:
         self.layouts_seen: list[tuple[Any, Any]] | None = None
         # plans and steps abandoned with messages in flight: MPI may still write their buffers
         self.abandoned: list[Any] = []
-        # every rank on one node: device buffers may move by CUDA IPC (the Communicator finds out)
+        # the ranks by node (mpiring.topology; the Communicator finds out): node-aware algorithms
+        # and `auto` read it
+        self.nodes = NodeMap.single(self.size)
+        # every rank on one real node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
         # the node has a core for each of its ranks: waits spin without offering the core (the
         # Communicator finds out; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
@@ -216,3 +220,44 @@ class Ring:
             self.broken = f"{call.collective} ({call.algorithm}, step {call.step}: {type(error).__name__})"
         if in_flight is not None:
             self.abandoned.append(in_flight)
+
+
+class SubRing:
+    """Some of a ring's ranks seen as a ring of their own (a node's ranks, a lane, the leaders),
+    for node-aware algorithms to run flat ones inside a node or across nodes.
+
+    `members[i]` is the ring rank at position i. Its steps are the ring's own, on the same MPI
+    communicator and tag, with peers renumbered: a call made of several sub-rings' steps is one
+    call, recorded and replayed as any other. Messages of two phases between the same two ranks
+    match in order, since both ranks run the phases in the same order (MPI does not overtake).
+
+        ring:      0 1 2 3 4 5          SubRing(ring, (1, 3, 5)) on rank 3:
+        sub-ring:    0   1   2          rank 1, size 3, left 0 (ring rank 1), right 2 (ring rank 5)
+    """
+
+    def __init__(self, ring: Ring, members: Sequence[int]) -> None:
+        self.ring = ring
+        self.members = tuple(members)
+        self.rank = self.members.index(ring.rank)
+        self.size = len(self.members)
+        self.left = (self.rank - 1) % self.size
+        self.right = (self.rank + 1) % self.size
+        self.nodes = NodeMap.single(self.size)  # a sub-ring's algorithms are flat ones
+
+    def position(self, root: int) -> int:
+        return (self.rank - root) % self.size
+
+    def rank_at(self, position: int, root: int) -> int:
+        return (root + position) % self.size
+
+    def post(self, backend: NumpyBackend, tag: int, sends: Sequence[tuple[Any, int]] = (),
+             receives: Sequence[tuple[Any, int]] = ()) -> Step:
+        members = self.members
+        return self.ring.post(backend, tag, [(buf, members[peer]) for buf, peer in sends],
+                              [(buf, members[peer]) for buf, peer in receives])
+
+    def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
+        return self.ring.scratch(backend, count, dtype)
+
+    def metadata(self, count: int, dtype: Any) -> Any:
+        return self.ring.metadata(count, dtype)

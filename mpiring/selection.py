@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from mpiring import environment
+from mpiring.topology import NodeMap
 
 AUTO = "auto"
 
@@ -67,6 +68,16 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     "exscan": [(8, None, "ring"), (None, 4 << 10, "recursive_doubling"), (None, None, "ring")],
 }
 
+# collective -> [(largest message in bytes, algorithm)] for ranks on several nodes, some of them
+# with several ranks (NodeMap.hierarchical): the first row whose bound holds wins; FLAT hands the
+# choice to SWITCH_POINTS. Collectives not named here run their flat algorithms on any nodes.
+FLAT = "flat"
+NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
+    "allreduce": [(None, "node_lanes")],
+    "broadcast": [(None, "node_leader")],
+    "reduce": [(None, "node_leader")],
+}
+
 _announced: set[tuple[str, str]] = set()
 _environment = {"algo": "", "debug": False}
 
@@ -77,13 +88,26 @@ def read_environment() -> None:
     _environment["debug"] = bool(environment.flag("MPIRING_DEBUG", "mpiring"))
 
 
-def _switch(collective: str, nbytes: int, world_size: int) -> tuple[str, str]:
+def _switch(collective: str, nbytes: int, world_size: int, nodes: NodeMap | None = None) -> tuple[str, str]:
+    if nodes is not None and nodes.hierarchical:
+        for largest, algorithm in NODE_SWITCH_POINTS.get(collective, ()):
+            if largest is None or nbytes <= largest:
+                if algorithm != FLAT:
+                    size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
+                    return algorithm, f"auto: {size}, {nodes.describe()}"
+                break
     for most_ranks, largest, algorithm in SWITCH_POINTS[collective]:
         if (most_ranks is None or world_size <= most_ranks) and (largest is None or nbytes <= largest):
             ranks = "any number of ranks" if most_ranks is None else f"{world_size} ranks <= {most_ranks}"
             size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
             return algorithm, f"auto: {size}, {ranks}"
     raise AssertionError(f"no switch point for {collective}")  # each table ends with an open row
+
+
+def flat_choice(collective: str, nbytes: int, world_size: int) -> str:
+    """The algorithm `auto` picks for ranks on one node: what node-aware algorithms run inside a
+    node or across the nodes' representatives."""
+    return _switch(collective, nbytes, world_size)[0]
 
 
 def environment_choice(collective: str) -> str | None:
@@ -100,11 +124,12 @@ def environment_choice(collective: str) -> str | None:
     return None
 
 
-def choose(collective: str, requested: str, nbytes: int, world_size: int) -> str:
-    """The algorithm to run: `requested`, or for "auto" the first switch point that fits."""
+def choose(collective: str, requested: str, nbytes: int, world_size: int, nodes: NodeMap | None = None) -> str:
+    """The algorithm to run: `requested`, or for "auto" the first switch point that fits (the
+    node-aware ones first where `nodes` spread the ranks over several nodes)."""
     algorithm, reason = requested, "asked for"
     if requested == AUTO:
-        algorithm, reason = _switch(collective, nbytes, world_size)
+        algorithm, reason = _switch(collective, nbytes, world_size, nodes)
     if _environment["debug"] and (collective, algorithm) not in _announced:
         _announced.add((collective, algorithm))
         sys.stderr.write(f"mpiring: {collective} ran {algorithm} ({reason})\n")

@@ -696,12 +696,28 @@ def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy
 def test_a_node_short_of_cores_offers_them(monkeypatch):
     """Without MPIRING_BUSY_POLL, waits spin only where the CPUs the node's ranks may use,
     together, are at least as many as the ranks."""
-    from mpiring import communicator
+    from mpiring import topology
     monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
     for cpus, busy in (({1000 + RANK}, True), ({0}, N == 1)):  # a CPU each; one CPU for all
-        monkeypatch.setattr(communicator, "_allowed_cpus", lambda cpus=cpus: cpus)
+        monkeypatch.setattr(topology, "_allowed_cpus", lambda cpus=cpus: cpus)
         with mpiring.Communicator() as comm:
             assert comm._ring.busy_poll is (busy and N > 1), cpus
+
+
+def test_nodes_on_one_machine_count_its_cores_together(monkeypatch):
+    """Emulated nodes (namespaces, containers) share one machine's cores: ranks with the same
+    boot id count their CPUs together, whatever nodes MPI reports; on machines of their own
+    each counts its own."""
+    from mpiring import topology
+    monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
+    monkeypatch.setattr(topology, "local_ranks", lambda: 0)
+    monkeypatch.setattr(topology, "_allowed_cpus", lambda: {0})  # one CPU each, the same one
+    monkeypatch.setenv("MPIRING_VIRTUAL_NODES", str(N))  # a node per rank
+    for machine, busy in ((lambda: "one machine", N == 1), (lambda: f"machine {RANK}", True)):
+        monkeypatch.setattr(topology, "_machine", machine)
+        with mpiring.Communicator() as comm:
+            assert comm._ring.nodes.nodes == tuple((r,) for r in range(N))
+            assert comm._ring.busy_poll is (busy and N > 1)
 
 
 @pytest.mark.skipif(not compiled.available(), reason="the C replay was not built (test_package says when it must be)")

@@ -3,8 +3,10 @@
 One module per algorithm (MPICH's layout); each module's docstring gives its steps, a diagram,
 the bytes each rank moves and its alpha-beta-gamma cost. The rings are the bandwidth-optimal
 choice for large messages; the trees, halving/doubling and Bruck are latency-optimal for small
-ones. mpiring.selection decides between them for algorithm="auto". A ring module's `*_steps`
-generator is both its registered algorithm and the building block other algorithms reuse.
+ones. The node_* algorithms compose flat ones inside each node and across nodes
+(mpiring.ring.SubRing, mpiring.topology). mpiring.selection decides between them for
+algorithm="auto". A ring module's `*_steps` generator is both its registered algorithm and the
+building block other algorithms reuse.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allgather_scattered import allgather_scattered
+from mpiring.algorithms.allreduce_node_lanes import allreduce_node_lanes
+from mpiring.algorithms.allreduce_node_leader import allreduce_node_leader
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
@@ -26,11 +30,13 @@ from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.broadcast_linear import broadcast_linear
+from mpiring.algorithms.broadcast_node_leader import broadcast_node_leader
 from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.algorithms.gather_binomial import gather_binomial
 from mpiring.algorithms.gather_linear import gather_linear
 from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_binomial import reduce_binomial
+from mpiring.algorithms.reduce_node_leader import reduce_node_leader
 from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
@@ -44,14 +50,18 @@ from mpiring.algorithms.scatter_linear import scatter_linear
 from mpiring.algorithms.scatter_ring import scatter_steps
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
-    "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial, "linear": broadcast_linear},
-    "reduce": {"ring": reduce_ring, "binomial": reduce_binomial, "scattered": reduce_scattered},
+    "broadcast": {"ring": broadcast_steps, "binomial": broadcast_binomial, "linear": broadcast_linear,
+                  "node_leader": broadcast_node_leader},
+    "reduce": {"ring": reduce_ring, "binomial": reduce_binomial, "scattered": reduce_scattered,
+               "node_leader": reduce_node_leader},
     "allreduce": {
         "ring": allreduce_ring,
         "ring_pipelined": allreduce_ring_pipelined,
         "recursive_doubling": allreduce_recursive_doubling,
         "rabenseifner": allreduce_rabenseifner,
         "scattered": allreduce_scattered,
+        "node_lanes": allreduce_node_lanes,
+        "node_leader": allreduce_node_leader,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
     "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered},

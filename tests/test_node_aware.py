@@ -1,0 +1,130 @@
+"""The node-aware algorithms on virtual node maps (MPIRING_VIRTUAL_NODES), even and uneven nodes
+and ranks not in node order, against NumPy on regenerated inputs and mpi4py's native collectives;
+every form (recorded and replayed, nonblocking, persistent) and `auto`'s choice on several nodes.
+The same tests run across the emulated cluster's real nodes (tests/run_world_sizes.py --cluster)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from oracles import all_inputs, assert_same, native_reduction, numpy_reduce
+
+import mpiring
+from mpiring.algorithms import ALGORITHMS
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+RANK = WORLD.Get_rank()
+LENGTHS = sorted({0, 1, N, 13, 40_001})
+ROOTS = sorted({0, N - 1, N // 2})
+# "": the nodes MPI reports; then blocks, round-robin (ranks not in node order) and uneven blocks
+SPECS = sorted({"", "2", "2:round-robin", *([f"{N - 1},1", "1,2" + ",1" * (N - 3), "3"] if N >= 3 else [])})
+CASES = [(np.dtype(d), op) for d in ("float64", "int32", "float32") for op in ("sum", "max", "avg", "prod")
+         if not (op == "avg" and d == "int32")]
+NODE_AWARE = {c: [a for a in table if a.startswith("node_")] for c, table in ALGORITHMS.items()}
+
+
+@pytest.fixture(params=SPECS, ids=lambda spec: f"nodes={spec or 'mpi'}")
+def nodes_comm(request, monkeypatch):
+    monkeypatch.setenv("MPIRING_VIRTUAL_NODES", request.param)
+    with mpiring.Communicator() as comm:
+        yield comm
+
+
+def _same_everywhere(result: np.ndarray, what: str) -> None:
+    bits = WORLD.allgather(result.tobytes())
+    assert all(b == bits[0] for b in bits), f"{what}: ranks got different bits"
+
+
+def test_the_node_map_covers_every_rank_once(nodes_comm):
+    nodes = nodes_comm._ring.nodes
+    assert sorted(r for node in nodes.nodes for r in node) == list(range(N))
+    assert WORLD.allgather(nodes.nodes) == [nodes.nodes] * N  # every rank sees the same map
+    assert nodes.leaders == tuple(node[0] for node in nodes.nodes)
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["allreduce"], "auto"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_allreduce(nodes_comm, case, algorithm):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        out = np.empty_like(inputs[RANK])
+        for run in range(3):  # seen, recorded, replayed
+            got = nodes_comm.allreduce(inputs[RANK], op=op, algorithm=algorithm, out=out if run else None)
+            what = f"allreduce {algorithm} {op} {dtype} len {length} run {run}"
+            assert_same(got, numpy_reduce(op, inputs), what)
+        _same_everywhere(got, what)
+        native = native_reduction("allreduce", inputs[RANK], op)
+        if native is not None:
+            assert_same(got, native, f"allreduce {algorithm} {op} {dtype} len {length} vs MPI")
+        in_place = inputs[RANK].copy()
+        assert nodes_comm.allreduce(in_place, op=op, algorithm=algorithm, out=in_place) is in_place
+        assert_same(in_place, numpy_reduce(op, inputs), f"in-place {what}")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["allreduce"], "auto"])
+def test_allreduce_nonblocking_and_persistent(nodes_comm, algorithm):
+    inputs = all_inputs(7, N, 1001, np.dtype("float64"), "sum")
+    want = numpy_reduce("sum", inputs)
+    assert_same(nodes_comm.iallreduce(inputs[RANK], algorithm=algorithm).wait(), want, "iallreduce")
+    x, out = inputs[RANK].copy(), np.empty_like(inputs[RANK])
+    request = nodes_comm.allreduce_init(x, out=out, algorithm=algorithm)
+    for run in range(3):
+        x[:] = inputs[RANK] * (run + 1)
+        request.start()
+        request.wait()
+        assert_same(out, want * (run + 1), f"persistent run {run}")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["broadcast"], "auto"])
+@pytest.mark.parametrize("root", ROOTS)
+def test_broadcast(nodes_comm, algorithm, root):
+    for seed, length in enumerate(LENGTHS):
+        want = all_inputs(seed, N, length, np.dtype("float32"))[root]
+        x = want.copy() if RANK == root else np.zeros_like(want)
+        for run in range(3):
+            got = nodes_comm.broadcast(x, root=root, algorithm=algorithm)
+            assert_same(got, want, f"broadcast {algorithm} root {root} len {length} run {run}")
+        assert_same(nodes_comm.broadcast(x, root=root, algorithm=algorithm, out=x), want, "in place")
+        native = x.copy()
+        WORLD.Bcast(native, root=root)
+        assert_same(native, want, "MPI's broadcast")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["reduce"], "auto"])
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_reduce(nodes_comm, algorithm, root, case):
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        for run in range(3):
+            got = nodes_comm.reduce(inputs[RANK], op=op, root=root, algorithm=algorithm)
+            what = f"reduce {algorithm} {op} {dtype} root {root} len {length} run {run}"
+            if RANK == root:
+                assert_same(got, numpy_reduce(op, inputs), what)
+            else:
+                assert got is None, what
+        native = native_reduction("reduce", inputs[RANK], op, root)
+        if native is not None:
+            assert_same(got, native, f"{what} vs MPI")
+
+
+def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
+    """On a map of several nodes with several ranks on some, `auto` records node-aware
+    algorithms for the collectives that have them; on one node, flat ones."""
+    monkeypatch.setenv("MPIRING_VIRTUAL_NODES", "2")
+    x = np.ones(1 << 16)
+    with mpiring.Communicator() as comm:
+        for _ in range(2):
+            comm.allreduce(x)
+            comm.broadcast(x)
+        hierarchical = comm._ring.nodes.hierarchical
+        assert hierarchical is (N >= 3)
+        for collective in ("allreduce", "broadcast"):
+            chosen = comm.plan_of(collective, x).call.algorithm
+            assert chosen.startswith("node_") is hierarchical, (collective, chosen)
