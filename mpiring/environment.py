@@ -16,7 +16,9 @@
     MPIRING_PERSISTENT_SENDS   yes/no            a Communicator is made       device plans send by persistent requests
                                                                                (default: yes, except under Open MPI)
     MPIRING_BUSY_POLL          yes/no            a Communicator is made       waits test without offering the core
-                                                                               (default: a core per rank on the node)
+                                                                               (default: a core per rank on the machine)
+    MPIRING_VIRTUAL_NODES      N[:round-robin]   a Communicator is made       split each node into virtual nodes
+                               or sizes 3,1                                   (mpiring.topology)
     MPIRING_HUGE_PAGES         yes/no            a large host array is made   0: no 2 MiB pages (mpiring.host_memory)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".

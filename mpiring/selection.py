@@ -76,6 +76,8 @@ NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "allreduce": [(None, "node_lanes")],
     "broadcast": [(None, "node_leader")],
     "reduce": [(None, "node_leader")],
+    "allgather": [(None, "node_leader")],
+    "barrier": [(None, "node_leader")],
 }
 
 _announced: set[tuple[str, str]] = set()

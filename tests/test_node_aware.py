@@ -5,10 +5,12 @@ The same tests run across the emulated cluster's real nodes (tests/run_world_siz
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracles import all_inputs, assert_same, native_reduction, numpy_reduce
+from oracles import all_inputs, assert_same, native_reduction, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
@@ -114,6 +116,35 @@ def test_reduce(nodes_comm, algorithm, root, case):
             assert_same(got, native, f"{what} vs MPI")
 
 
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["allgather"], "auto"])
+def test_allgather(nodes_comm, algorithm):
+    """Even, ragged and empty chunks, with and without counts= (the layout round then runs first)."""
+    for seed, rows_of in enumerate((lambda r: 2, lambda r: r % 3, lambda r: 0 if r == 1 else 20_001 // N)):
+        rows = [rows_of(r) for r in range(N)]
+        inputs = [rank_input(seed, r, (rows[r], 3), np.float32) for r in range(N)]
+        want = np.concatenate(inputs)
+        out = np.empty_like(want)
+        for run in range(3):
+            got = nodes_comm.allgather(inputs[RANK], algorithm=algorithm)
+            assert_same(got, want, f"allgather {algorithm} rows {rows} run {run}")
+            got = nodes_comm.allgather(inputs[RANK], algorithm=algorithm, counts=rows, out=out)
+            assert_same(got, want, f"allgather {algorithm} rows {rows} counts= run {run}")
+        assert_same(np.concatenate(WORLD.allgather(inputs[RANK])), want, "mpi4py's allgather")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["barrier"], "auto"])
+def test_barrier(nodes_comm, tmp_path_factory, algorithm):
+    """No rank leaves before every rank has entered: each leaves a file first, and after the
+    barrier every rank sees every file of that round."""
+    directory = WORLD.bcast(str(tmp_path_factory.mktemp(f"barrier-{algorithm}")) if RANK == 0 else None, root=0)
+    for round_ in range(5):
+        with open(os.path.join(directory, f"{round_}-{RANK}"), "w") as marker:
+            marker.write("entered")
+        nodes_comm.barrier(algorithm=algorithm)
+        seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
+        assert len(seen) == N, f"round {round_}: rank {RANK} left the barrier having seen {sorted(seen)}"
+
+
 def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
     """On a map of several nodes with several ranks on some, `auto` records node-aware
     algorithms for the collectives that have them; on one node, flat ones."""
@@ -125,6 +156,6 @@ def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
             comm.broadcast(x)
         hierarchical = comm._ring.nodes.hierarchical
         assert hierarchical is (N >= 3)
-        for collective in ("allreduce", "broadcast"):
+        for collective in ("allreduce", "broadcast"):  # allgather's layout round is tested above
             chosen = comm.plan_of(collective, x).call.algorithm
             assert chosen.startswith("node_") is hierarchical, (collective, chosen)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mpiring.algorithms.allgather_bruck import allgather_bruck
+from mpiring.algorithms.allgather_node_leader import allgather_node_leader
 from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allgather_scattered import allgather_scattered
 from mpiring.algorithms.allreduce_node_lanes import allreduce_node_lanes
@@ -27,6 +28,7 @@ from mpiring.algorithms.alltoall_bruck import alltoall_bruck
 from mpiring.algorithms.alltoall_pairwise import alltoall_pairwise
 from mpiring.algorithms.alltoall_scattered import alltoall_scattered
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
+from mpiring.algorithms.barrier_node_leader import barrier_node_leader
 from mpiring.algorithms.barrier_ring import barrier_ring
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.broadcast_linear import broadcast_linear
@@ -64,7 +66,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "node_leader": allreduce_node_leader,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
-    "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered},
+    "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered,
+                  "node_leader": allgather_node_leader},
     "scatter": {"ring": scatter_steps, "binomial": scatter_binomial, "linear": scatter_linear},
     "reduce_scatter": {
         "ring": reduce_scatter_steps,
@@ -72,7 +75,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "recursive_halving": reduce_scatter_recursive_halving,
         "scattered": reduce_scatter_scattered,
     },
-    "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination},
+    "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination, "node_leader": barrier_node_leader},
     "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck},
     # the ranks know only their own counts, not the blocks Bruck would forward for others
     "alltoallv": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered},
