@@ -17,7 +17,7 @@ def _info() -> int:
     from mpi4py import MPI
 
     import mpiring
-    from mpiring import host_memory
+    from mpiring import host_memory, topology
     from mpiring.engine import compiled
     from mpiring.launch import check_world_size
 
@@ -32,6 +32,7 @@ def _info() -> int:
 
     row = "  " + describe_binding(comm, cupy).describe()  # collective: binds each rank to its GPU
     rows = comm.gather(row, root=0)  # info is a diagnostic, so it trusts MPI's own gather
+    nodes, _, spins = topology.discover(comm)  # collective, as a Communicator finds them
     if comm.Get_rank() != 0:
         return 0
     library = MPI.Get_library_version().strip().splitlines()[0]
@@ -43,7 +44,9 @@ def _info() -> int:
     print("\n".join(gpu_lines))
     print(f"planned calls replay {compiled.describe()}")
     print(f"large host arrays mpiring makes (mpiring.empty): {host_memory.describe()}")
-    print(f"world size: {comm.Get_size()}")
+    print(f"world size: {comm.Get_size()}, on {nodes.describe()} (node-aware algorithms: "
+          f"{'yes' if nodes.hierarchical else 'no, one node or one rank per node'}); waits "
+          f"{'spin' if spins else 'offer the core'} (MPIRING_BUSY_POLL unset)")
     print("\n".join(rows))
     return 0
 

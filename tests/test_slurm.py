@@ -207,8 +207,9 @@ def spread(cluster: SlurmCluster, tasks: int) -> list[str]:
 
 
 def assert_world(job: Job, cluster: SlurmCluster, size: int) -> None:
-    """`mpiring info` in the log saw one MPI job of `size` ranks spread over every node."""
-    assert f"world size: {size}\n" in job.log, job.describe()
+    """`mpiring info` in the log saw one MPI job of `size` ranks spread over every node, and the
+    node map mpiring's node-aware algorithms see (mpiring.topology) agrees."""
+    assert f"world size: {size}, on {cluster.nodes} nodes x {size // cluster.nodes} ranks" in job.log, job.describe()
     hosts = re.findall(r"^  rank (\d+): host ([^,\s]+)", job.log, flags=re.M)
     assert sorted(int(rank) for rank, _ in hosts) == list(range(size)), job.describe()
     assert {host for _, host in hosts} == set(cluster.node_names), job.describe()
