@@ -1,4 +1,5 @@
 """`mpiring info` (also `python -m mpiring info`): versions, MPI library, GPU and world facts.
+`mpiring cluster ...`: an emulated cluster on this machine (mpiring.cluster, docs/cluster.md).
 
 Under mpirun every rank reports; rank 0 prints the table in rank order: rank -> host -> GPU.
 """
@@ -89,9 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"mpiring {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, GPUs, CUDA-aware MPI, world size, rank -> host -> GPU")
+    cluster = sub.add_parser("cluster", help="an emulated cluster on this machine: up, run, status, down (as root)",
+                             description="An emulated cluster: network namespaces as nodes, shaped links between "
+                                         "them (docs/cluster.md).")
+    from mpiring.cluster.cli import add_arguments
+
+    add_arguments(cluster)
     args = parser.parse_args(argv)
     if args.command == "info":
         return _info()
+    if args.command == "cluster":
+        from mpiring.cluster.cli import run_action
+
+        return run_action(args)
     return 2
 
 

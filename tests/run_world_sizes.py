@@ -5,6 +5,7 @@
     python tests/run_world_sizes.py --slurm          # also the real-Slurm tests (apt-installs Slurm, as root)
     python tests/run_world_sizes.py --sizes 2 4 -- -k allreduce
     python tests/run_world_sizes.py --mpi4py-suite   # mpi4py's own collective tests on the drop-in, sizes 1-5
+    python tests/run_world_sizes.py --cluster 2x2    # the MPI tests across an emulated 2-node cluster (root)
 
 No run can hang: each MPI launch aborts on the first failing rank (tests/conftest.py, and
 tests/mpi_pytest.py for any other pytest exit, under `python -m mpi4py`), pytest-timeout's
@@ -30,6 +31,8 @@ DEFAULT_SIZES = [1, 2, 3, 4, 8]
 # World sizes run for a few test files only, after the default sizes of a whole-suite run (no
 # --sizes, no pytest arguments): the mpi4py drop-in at 5 ranks too, as mpi4py tests its own.
 EXTRA_SIZES = {5: ["test_dropin.py"]}
+# What --cluster runs without pytest arguments: the collectives, and the node-aware tests there are.
+CLUSTER_TESTS = ["test_collectives.py", "test_node*.py"]
 
 
 def mpi_environment() -> dict[str, str]:
@@ -99,6 +102,11 @@ def main() -> int:
     parser.add_argument("--mpi4py-suite", action="store_true",
                         help="instead of this suite, run mpi4py's own collective test modules on mpiring's drop-in "
                              "(tests/run_mpi4py_suite.py: fetches mpi4py's source distribution once)")
+    parser.add_argument("--cluster", metavar="NODESxRANKS", action="append", type=cluster_shape,
+                        help="run the MPI tests (the pytest arguments, else tests/test_collectives.py and "
+                             "tests/test_node*.py) across an emulated cluster of NODES nodes with RANKS ranks "
+                             "each, links shaped at 1 Gbit/s (mpiring.cluster: needs root and iproute2); "
+                             "repeatable; without --sizes, only these runs")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
     if args.mpi4py_suite:
@@ -108,6 +116,8 @@ def main() -> int:
 
         return mpi4py_suite([*(["--sizes", *map(str, args.sizes)] if args.sizes else []),
                              "--run-timeout", str(args.run_timeout)])
+    if args.cluster and not args.sizes:
+        return cluster_runs(args.cluster, args.pytest_args, [], args)
     args.sizes = args.sizes or DEFAULT_SIZES
 
     env = mpi_environment()
@@ -135,7 +145,57 @@ def main() -> int:
                    "--with-mpi", "-m", "mpi", "-q", *timeouts, *pytest_args]
         code, output = run(command, dict(env, MPIEXEC_TIMEOUT=str(args.run_timeout)), args.run_timeout + 30)
         results.append((f"world size {size}{which}", code, counts(output)))
+    if args.cluster:
+        return cluster_runs(args.cluster, args.pytest_args, results, args)
+    return summary(results)
 
+
+def cluster_shape(text: str) -> tuple[int, int]:
+    """'2x2' -> (2 nodes, 2 ranks per node)."""
+    match = re.fullmatch(r"(\d+)x(\d+)", text.strip())
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NODESxRANKS, e.g. 2x2")
+    return int(match[1]), int(match[2])
+
+
+def cluster_runs(shapes: list[tuple[int, int]], pytest_args: list[str],
+                 results: list[tuple[str, int, dict[str, int]]], args: argparse.Namespace) -> int:
+    """The MPI tests across emulated clusters (mpiring.cluster), one per shape, then the summary.
+
+    A cluster that cannot be made here (not root, no iproute2, no namespaces) is a skipped run with
+    its reason, or a failed one where CI is set."""
+    import glob
+
+    from mpiring.cluster import EmulatedCluster, available
+
+    if not pytest_args:
+        pytest_args = sorted({path for pattern in CLUSTER_TESTS for path in glob.glob(os.path.join(HERE, pattern))})
+    env = mpi_environment()
+    timeouts = [f"--timeout={args.test_timeout}", "--timeout-method=thread"]
+    ok, reason = available()
+    for nodes, ranks in shapes:
+        name = f"cluster {nodes}x{ranks}"
+        if not ok:
+            print(f"[run_world_sizes] {name}: cannot make an emulated cluster here: {reason}", flush=True)
+            results.append((name, 1, {}) if os.environ.get("CI") else (name, 0, {"skipped": 1}))
+            continue
+        command = [sys.executable, "-m", "mpi4py", os.path.join(HERE, "mpi_pytest.py"), "--with-mpi", "-m", "mpi",
+                   "-q", *timeouts, *pytest_args]
+        started = time.monotonic()
+        with EmulatedCluster(nodes=nodes, rate="1gbit") as cluster:
+            print(f"[run_world_sizes] {name}: nodes {', '.join(cluster.topology.hosts().values())} "
+                  f"on {cluster.topology.subnet}", flush=True)
+            before = cluster.link_bytes()
+            code, output = cluster.run(ranks, command, env=env, timeout=args.run_timeout, echo=True, cwd=ROOT)
+            crossed = sum((after - before[node]).tx for node, after in cluster.link_bytes().items())
+        print(f"[run_world_sizes] exit {code} after {time.monotonic() - started:.1f} s; "
+              f"{crossed:,} bytes crossed the links", flush=True)
+        results.append((name, code, counts(output)))
+    return summary(results)
+
+
+def summary(results: list[tuple[str, int, dict[str, int]]]) -> int:
+    """Print the summary of every run; 1 if any failed."""
     print("\nmpiring test summary")
     failed_runs = passed = failed = skipped = 0
     for name, code, found in results:
