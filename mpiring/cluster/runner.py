@@ -34,7 +34,7 @@ FORWARD = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "HOME", "PYTH
 FORWARD_PREFIXES = ("MPIRING_", "OMPI_", "PRTE_", "PMIX_MCA_", "UCX_", "MPIR_CVAR_", "FI_")
 # Ranks of every node share the machine's cores: mpiring's busy polling (chosen when a node
 # seems to have a core per rank) would spin against the ranks of the other nodes.
-SHARED_CORES_ENV = {"MPIRING_BUSY_POLL": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+SHARED_CORES_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                     "PYTHONUNBUFFERED": "1"}
 OPEN_MPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                      "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "PY_COLORS": "0"}
