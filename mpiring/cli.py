@@ -86,7 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"mpiring {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, MPI library, GPUs, CUDA-aware MPI, world size, rank -> host -> GPU")
-    args = parser.parse_args(argv)
+    sub.add_parser("model", help="the cost model: calibrate, predict, project (docs/cost-model.md)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "model":
+        from mpiring.cost_model import main as model
+
+        return model(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "info":
         return _info()
     return 2

@@ -18,6 +18,7 @@
     MPIRING_BUSY_POLL          yes/no            a Communicator is made       waits test without offering the core
                                                                                (default: a core per rank on the node)
     MPIRING_HUGE_PAGES         yes/no            a large host array is made   0: no 2 MiB pages (mpiring.host_memory)
+    MPIRING_FABRIC             a file            the cost model loads one     the calibrated fabric (mpiring.cost_model)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.
