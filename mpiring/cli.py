@@ -96,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     from mpiring.cluster.cli import add_arguments
 
     add_arguments(cluster)
-    args = parser.parse_args(argv)
+    sub.add_parser("model", help="the cost model: calibrate, predict, project (docs/cost-model.md)", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "model":
+        from mpiring.cost_model import main as model
+
+        return model(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "info":
         return _info()
     if args.command == "cluster":

@@ -20,6 +20,7 @@
     MPIRING_VIRTUAL_NODES      N[:round-robin]   a Communicator is made       split each node into virtual nodes
                                or sizes 3,1                                   (mpiring.topology)
     MPIRING_HUGE_PAGES         yes/no            a large host array is made   0: no 2 MiB pages (mpiring.host_memory)
+    MPIRING_FABRIC             a file            the cost model loads one     the calibrated fabric (mpiring.cost_model)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

@@ -198,7 +198,10 @@ def generated_section(args: argparse.Namespace) -> str:
 
 
 def rewrite_doc(path: str, section: str) -> None:
-    text = open(path).read() if os.path.exists(path) else ""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as file:
+            text = file.read()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         text = head + section + rest.split(END, 1)[1]

@@ -5,7 +5,7 @@ ring over every rank sends it across once per rank of a node that is not in node
 
 Cost, N nodes of k ranks, n bytes:
     the representatives' broadcast over N ranks     (binomial: ceil(lg N) (alpha_inter + n beta_inter))
-  + the broadcast in the node over k ranks          (linear: alpha_intra + (k-1) n beta_intra at the root)
+  + the broadcast in the node over k ranks          (linear: alpha_intra + n beta_intra, the receivers copying at once)
 
     2 nodes x 2 ranks, root r1
 

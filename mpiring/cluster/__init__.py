@@ -28,7 +28,8 @@ Two traps, both handled by `run` (see docs/cluster.md): namespaces do not separa
 so MPI would pass messages between "nodes" through it unless told to use TCP between nodes
 (MPICH: UCX_TLS=tcp,self; Open MPI: the tcp, self and sm BTLs with TCP kept to the subnet); and
 every node shares the machine's cores, so BLAS runs one thread per rank (mpiring itself finds that
-the nodes share one machine, by its boot id, and does not busy-poll). Check the byte counters (`status`, `link_bytes()`) to see that data crossed the links.
+the nodes share one machine, by its boot id, and does not busy-poll). Check the byte counters
+(`status`, `link_bytes()`) to see that data crossed the links.
 
 Needs root, iproute2 (`ip`, `tc`) and util-linux (`unshare`). The core of mpiring does not import
 this package.
