@@ -19,6 +19,7 @@ from mpiring.backend import NUMPY
 from mpiring.engine.partition import split_bounds
 from mpiring.engine.scratch import Scratch
 from mpiring.engine.transport import Step
+from mpiring.topology import NodeMap, split_virtual
 
 scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
 # the one-round algorithms, whose WINDOW a test narrows (the package's names are the functions)
@@ -30,8 +31,9 @@ WINDOWED = [importlib.import_module(f"mpiring.algorithms.{name}")
 class CheckingRing:
     """A rank's view of the ring that records posts and checks every receive buffer."""
 
-    def __init__(self, rank: int, size: int) -> None:
+    def __init__(self, rank: int, size: int, nodes: NodeMap | None = None) -> None:
         self.rank, self.size = rank, size
+        self.nodes = nodes or NodeMap.single(size)  # what the node-aware algorithms read
         self.left, self.right = (rank - 1) % size, (rank + 1) % size
         self.sent: dict[int, list[int]] = {}  # destination -> sizes, in posting order
         self.received: dict[int, list[int]] = {}  # source -> sizes, in posting order
@@ -149,10 +151,13 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
     monkeypatch.setattr(scan_chain, "SEGMENT_BYTES", 16)
     for module in WINDOWED:
         monkeypatch.setattr(module, "WINDOW", 2)  # several steps from 3 or 4 ranks on
-    for p in (1, 2, 3, 4, 5, 7, 8):
+    # node-aware algorithms on node maps of blocks, round-robin (ranks not in node order) and uneven nodes
+    specs = ["", "2", "2:round-robin", "3"] if algorithm.startswith("node_") else [""]
+    for p, spec in ((p, spec) for p in (1, 2, 3, 4, 5, 7, 8) for spec in specs):
+        nodes = NodeMap(split_virtual((tuple(range(p)),), spec))
         for length in sorted({0, 1, p - 1, p + 1, 3 * p + 2, 37}):
             root = length % p
-            rings = [CheckingRing(r, p) for r in range(p)]
+            rings = [CheckingRing(r, p, nodes) for r in range(p)]
             for ring in rings:
                 for step in _steps(collective, algorithm, ring, CheckingBackend(ring), length, root):
                     ring.completed(step)
@@ -160,5 +165,5 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
             for a in range(p):
                 for b in range(p):
                     assert rings[a].sent.get(b, []) == rings[b].received.get(a, []), (
-                        f"{collective} {algorithm} p={p} length={length}: rank {a} sends rank {b} "
+                        f"{collective} {algorithm} p={p} nodes={spec} length={length}: rank {a} sends rank {b} "
                         f"{rings[a].sent.get(b, [])} bytes, which posts receives for {rings[b].received.get(a, [])}")
