@@ -16,7 +16,9 @@ import numpy
 from mpiring import identity
 from mpiring.algorithms import ALGORITHMS
 from mpiring.algorithms.allgather_bruck import allgather_bruck
+from mpiring.algorithms.allgather_node_leader import allgather_node_leader
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
+from mpiring.algorithms.broadcast_node_leader import broadcast_node_leader
 from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, row_bounds
 from mpiring.engine.transport import Call, Steps
@@ -91,10 +93,16 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     p = ring.size
     table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
-    # a few bytes per rank: the latency-optimal all-gather (ceil(lg p) steps)
-    yield from allgather_bruck(ring, _host_side(backend), call.tag, table,
-                               list(range(0, (p + 1) * LAYOUT_FIELDS, LAYOUT_FIELDS)))
+    yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
     return table
+
+
+def _all_gather_table(ring: Ring, backend: NumpyBackend, call: Call, table: Any, width: int) -> Steps:
+    """All-gather a layout round's table of `width` words per rank: a few bytes each, so by the
+    latency-optimal all-gather (Bruck's ceil(lg p) steps), or across nodes by the node-aware one,
+    whose leaders alone cross the network, in one round."""
+    exchange = allgather_node_leader if ring.nodes.hierarchical else allgather_bruck
+    yield from exchange(ring, _host_side(backend), call.tag, table, list(range(0, (ring.size + 1) * width, width)))
 
 
 def _layout_rows(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool, backend: NumpyBackend,
@@ -325,7 +333,9 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
             header[3 : 3 + x.ndim] = x.shape
         else:
             header[0] = 1
-    yield from broadcast_binomial(ring, _host_side(backend), call.tag, root, header)  # small: ceil(lg p) hops
+    # small: ceil(lg p) hops; across nodes, one crossing into each node
+    header_broadcast = broadcast_node_leader if ring.nodes.hierarchical else broadcast_binomial
+    yield from header_broadcast(ring, _host_side(backend), call.tag, root, header)
     if header[0] and root_problem is not None:
         raise root_problem
     return header
@@ -379,8 +389,7 @@ def _exchange_counts(ring: Ring, call: Call, x: Any, out: Any, send_counts: list
     width = p + 2
     table = ring.metadata(p * width, NUMPY.xp.int64)
     table[r * width : (r + 1) * width] = (*send_counts, _signature(x.dtype, trailing), out_state)
-    # p + 2 words per rank: the latency-optimal all-gather
-    yield from allgather_bruck(ring, _host_side(backend), call.tag, table, list(range(0, (p + 1) * width, width)))
+    yield from _all_gather_table(ring, backend, call, table, width)
     return table
 
 
