@@ -187,10 +187,12 @@ class Communicator(BufferAPI):
         if self._freed:
             return
         ring = self._ring
+        ring.claim_to_free("free")  # from another thread while its own may still call: refused
         for request in list(ring.in_flight):
             with contextlib.suppress(MpiringError):  # kept by the request: its wait() raises it
                 request.wait()
         self._freed = True
+        ring.served = None  # no fast path takes a call now
         self._blocking = self._blocking_in_python  # the shortcut's memo of its last hit goes too
         self._cache.clear(keep=ring.abandoned)
         ring.scratch_pool.clear()
@@ -222,6 +224,14 @@ class Communicator(BufferAPI):
         if self._check is not None:  # MPIRING_CHECK: the ranks compare x, op, root and counts first
             self._check.compare(call, x, op, root, counts)  # its exchange, like every call, breaks the ring on failure
         return call
+
+    def _refused(self, collective: str) -> None:
+        """The check at every way into a call that no fast path took: the calling thread is the
+        communicator's (Ring.claim), and the communicator usable. A refusal raises here, before
+        the call touches any state: a second thread's call leaves the owner's running call, the
+        cache and the tags alone."""
+        self._ring.claim(collective)
+        self._usable(collective)
 
     def _usable(self, collective: str) -> None:
         if self._freed:
@@ -278,6 +288,8 @@ class Communicator(BufferAPI):
 
     def _blocking_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
                             algorithm: Any, timeout: Any) -> Any:
+        if self._ring.served != get_ident():  # another thread, a first call, or not usable
+            self._refused(collective)
         if (x.__class__ is _NDARRAY or x is None) and (out is None or out.__class__ is _NDARRAY):
             return self._on_host_arrays(collective, x, out, op, root, counts, algorithm, timeout)
         if _foreign(x, out):  # another library's arrays: the call runs on views of their memory
@@ -313,8 +325,9 @@ class Communicator(BufferAPI):
     def _host_call(self, key: tuple | None, known: Any, collective: str, x: Any, out: Any, op: Any, root: Any,
                    counts: Any, algorithm: Any, timeout: Any) -> Any:
         ring = self._ring
-        # A schedule only stays cached while the communicator is usable (see _failed and free).
-        if known.__class__ is Schedule and ring.owner == get_ident() and known.fits(x, out):
+        # A cached schedule runs only for the thread the ring serves while it is usable, checked on
+        # the way in (_blocking_in_python); a call of the owner's that failed also empties the cache.
+        if known.__class__ is Schedule and known.fits(x, out):
             # the call count keeps the ranks' sequence numbers together, as a built call does,
             # and dates the schedule's use (the least recently used is evicted first)
             ring.calls = known.used = ring.calls + 1
@@ -412,7 +425,7 @@ class Communicator(BufferAPI):
             # The same arrays may have been reshaped, restrided or retyped in place (Plan.fits).
             # Device arrays may have changed path (mpiring.gpu.device_backend reads the
             # environment on every call): compare their backend too.
-            if (known.__class__ is Plan and ring.owner == get_ident() and known.fits(x, out)
+            if (known.__class__ is Plan and known.fits(x, out)  # (the thread was checked on the way in)
                     and backend_for(out if x is None else x) is known.backend):
                 ring.calls = known.used = ring.calls + 1
                 if ring.in_flight:
@@ -477,6 +490,8 @@ class Communicator(BufferAPI):
         if _foreign(args[0], args[1]):  # x, out of another library: see _blocking_in_python
             from mpiring import interop
             return interop.start(self._start, collective, *args)
+        if self._ring.served != get_ident():
+            self._refused(collective)
         try:
             built = self._build(collective, *args)
             call = built.call
@@ -494,6 +509,8 @@ class Communicator(BufferAPI):
             from mpiring import interop
             return interop.start(self._persistent, collective, x, out, *args)
         ring = self._ring
+        if ring.served != get_ident():
+            self._refused(collective)
         try:
             built = self._build(collective, x, out, *args)
             call, backend, body = built.call, built.backend, built.body
@@ -510,10 +527,8 @@ class Communicator(BufferAPI):
         call.arrays = (x, out)
 
         def started() -> None:  # what every call checks, for each start (the checks inline: a hot path)
-            if self._freed or ring.broken is not None:
-                self._usable(call.collective)
-            if ring.owner != get_ident():
-                ring.claim(call.collective)
+            if ring.served != get_ident() or self._freed or ring.broken is not None:
+                self._refused(call.collective)
             ring.calls += 1
             if ring.in_flight:
                 self._check_aliasing(call.collective, x, out)

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 # outputs) per communicator unless MPIRING_INFLIGHT_BYTES says otherwise (waiting.make_room).
 IN_FLIGHT_BYTES = 1 << 30
 
+# Taken by the first claim of a ring (or a free() after its thread ended) alone: two threads
+# calling a new communicator at once must not both become its owner.
+_FIRST_CLAIM = threading.Lock()
+
 
 class InFlight(Protocol):
     """A nonblocking collective or a started persistent request not yet done
@@ -72,6 +76,8 @@ class Ring:
         self.describe: Callable[[int, int], str] = lambda identity, size: f"call identity {identity:#x}"
         self.failures = 0  # calls that raised on this rank; picks the blocking tags' generation
         self.notices: list[MPI.Request] = []  # sends of waiting.leave_notice not yet known complete
+        self.notice = bytearray(8)  # where a peer's notice is received (mpiring.engine.waiting)
+        self.probed = MPI.Status()  # where waiting's probes for notices write
         self.persistent_requests = 0  # made so far; picks each one's tag
         # how plans send: persistent requests, or new ones each run (transport.make_step; the
         # Communicator sets it from MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)
@@ -101,6 +107,11 @@ class Ring:
         # refuses every later call: those messages could match a later call's receives)
         self.broken: str | None = None
         self.owner: int | None = None  # the thread that made the first call (see `claim`)
+        # the thread whose calls the fast paths take (the C Shortcut, a cached call in Python, a
+        # persistent request's C start and wait): the owner while the ring is usable, None before
+        # its first call and once it broke or was freed; each fast path compares only this
+        self.served: int | None = None
+        self._owner_thread: threading.Thread | None = None
 
     # ---- topology ----
 
@@ -201,14 +212,35 @@ class Ring:
         Calls must come in the same order on every rank. Two threads sharing a communicator
         interleave their calls differently on each rank, so their data would mix silently
         (even without overlapping calls): a second thread's call breaks the ring instead.
+        The refusal changes nothing else: the owner may be inside a call (MPI waits let go of
+        the GIL), and its call finishes as if none had come; its next one raises
+        CommunicatorBrokenError. Every way into a communicator (a call, a request's start,
+        test, wait or result, free) checks this before it touches the ring's state.
         """
         thread = threading.get_ident()
         if self.owner is None:
-            self.owner = thread
-        elif self.owner != thread:
+            with _FIRST_CLAIM:  # two threads calling first at once: one of them owns it
+                if self.owner is None:
+                    self.owner, self._owner_thread = thread, threading.current_thread()
+                    if self.broken is None:
+                        self.served = thread
+        if self.owner != thread:
             collective = collective.lstrip("_")
             self.broken = self.broken or f"{collective} (called from a second thread)"
+            self.served = None
             raise ConcurrentUseError(collective)
+
+    def claim_to_free(self, what: str) -> None:
+        """Check that `what` (a free()) comes from the ring's thread, or from any thread once that
+        thread has ended (it can be inside no call then), which takes the ring over; one of
+        another thread still running is refused as `claim` refuses it."""
+        owner = self._owner_thread
+        if owner is not None and self.owner != threading.get_ident() and not owner.is_alive():
+            with _FIRST_CLAIM:
+                if self._owner_thread is owner:
+                    self.owner, self._owner_thread = threading.get_ident(), threading.current_thread()
+                    self.served = self.owner if self.broken is None else None
+        self.claim(what)
 
     def abandon(self, call: Call, error: BaseException, in_flight: Any = None) -> None:
         """Record that `call` failed with messages possibly in flight (the first cause is kept).
@@ -218,6 +250,7 @@ class Ring:
         """
         if self.broken is None:
             self.broken = f"{call.collective} ({call.algorithm}, step {call.step}: {type(error).__name__})"
+        self.served = None  # no fast path runs another call on it
         if in_flight is not None:
             self.abandoned.append(in_flight)
 

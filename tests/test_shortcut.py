@@ -43,6 +43,7 @@ def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
 class StandInRing:
     def __init__(self) -> None:
         self.owner = threading.get_ident()
+        self.served = self.owner  # what the C paths compare (Ring.served: None once broken or freed)
         self.calls = 0
         self.in_flight: list = []
         self.traffic = Traffic()
@@ -125,7 +126,8 @@ def test_without_out_each_call_gets_a_new_result() -> None:
     np.testing.assert_array_equal(second, 2 * rig.x)
 
 
-@pytest.mark.parametrize("change", ["timeout per call", "another thread", "in flight", "not a program",
+@pytest.mark.parametrize("change", ["timeout per call", "another thread", "ring broken or freed", "in flight",
+                                    "not a program",
                                     "program released", "unhashable op", "no schedule for the key", "shape",
                                     "dtype", "strided x", "read-only out", "resized x", "overlap", "subclass",
                                     "allocate fails"])
@@ -135,7 +137,9 @@ def test_anything_else_goes_to_python_untouched(change: str) -> None:
     if change == "timeout per call":
         call["timeout"] = 5.0
     elif change == "another thread":
-        rig.ring.owner += 1
+        rig.ring.served += 1
+    elif change == "ring broken or freed":
+        rig.ring.served = None
     elif change == "in flight":
         rig.ring.in_flight.append(object())
     elif change == "not a program":
@@ -400,7 +404,7 @@ def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> 
     elif change == "in flight":
         rig.ring.in_flight.append(object())
     elif change == "another thread":
-        rig.ring.owner += 1
+        rig.ring.served += 1
     elif change == "communicator freed":
         rig.communicator._freed = True
     elif change == "ring broken":
@@ -413,7 +417,7 @@ def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> 
 
 
 @pytest.mark.parametrize("change", ["never started", "failed", "generator run", "another in flight",
-                                    "another thread", "program released"])
+                                    "another thread", "another thread, run complete", "program released"])
 def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> None:
     rig = PersistentRig()
     if change != "never started":
@@ -425,11 +429,16 @@ def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> N
     elif change == "another in flight":
         rig.ring.in_flight.insert(0, object())
     elif change == "another thread":
-        rig.ring.owner += 1
+        rig.ring.served += 1
+    elif change == "another thread, run complete":  # not even its result is read in C
+        assert rig.wait() is rig.result
+        rig.request.handed.clear()
+        rig.ring.served += 1
     elif change == "program released":
         rig.program.release()
     assert rig.wait() == "python"
-    assert rig.request.handed == ["wait"] and rig.works == ([] if change == "never started" else ["during"])
+    done = {"never started": [], "another thread, run complete": ["during", "after"]}
+    assert rig.request.handed == ["wait"] and rig.works == done.get(change, ["during"])
 
 
 def test_a_start_whose_work_raises_is_handed_to_python() -> None:

@@ -819,7 +819,7 @@ static PyTypeObject ProgramType = {
 /* ---- shared helpers of the shortcuts ---- */
 
 static const char *traffic_fields[3] = {"bytes_sent", "bytes_received", "messages"};
-static PyObject *s_owner, *s_shape, *s_dtype, *s_timeout, *s_calls, *s_freed, *s_broken, *one, *zero;
+static PyObject *s_served, *s_shape, *s_dtype, *s_timeout, *s_calls, *s_freed, *s_broken, *one, *zero;
 
 /* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
 static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
@@ -892,11 +892,13 @@ static PyObject *next_call(PyObject *ring) {
     return now;
 }
 
-/* 1: the calling thread is the ring's owner (Ring.claim); 0: not, or not readable (no error set). */
+/* 1: the calling thread is the one the ring serves (Ring.served: its owner, while it is usable);
+   0: not, or not readable (no error set). Every C way into a call checks this first, under the
+   GIL, before it changes anything: a second thread goes to Python, which refuses it. */
 static int owned(PyObject *ring) {
-    PyObject *owner = PyObject_GetAttr(ring, s_owner);
-    int mine = owner != NULL && PyLong_Check(owner) && PyLong_AsUnsignedLong(owner) == PyThread_get_thread_ident();
-    Py_XDECREF(owner);
+    PyObject *served = PyObject_GetAttr(ring, s_served);
+    int mine = served != NULL && PyLong_Check(served) && PyLong_AsUnsignedLong(served) == PyThread_get_thread_ident();
+    Py_XDECREF(served);
     PyErr_Clear();
     return mine;
 }
@@ -917,16 +919,18 @@ static PyObject *result_of(Program *p) {
  *       the key: (collective, op, root, counts, algorithm, x.dtype, x.shape, out.dtype, out.shape,
  *       x is out), as mpiring.engine.schedule.layout_key makes it; a compiled schedule under it;
  *       x and out (where given) NumPy arrays, C-contiguous (out writable), of the schedule's sizes,
- *       the same array or apart; the owner thread, nothing in flight, no per-call timeout (and no
- *       MPIRING_CHECK: not made then)
+ *       the same array or apart; the thread the ring serves (its owner, while not broken or freed),
+ *       nothing in flight, no per-call timeout (and no MPIRING_CHECK: not made then)
  *           yes ─► bind them (a new result when out= is not given) ─► the call count and
  *                  traffic ─► run ─► the result
  *                      └── stopped or raised ─► after(program, stopped, spin, error): Python carries on
  *           no  ─► in_python(the same arguments): the whole call, as if this were not here
  *
  * It changes nothing before it has decided: any doubt (an error while looking) is a miss, and
- * Python decides again. Binding reads each array's memory through the buffer protocol, so an
- * array restrided, resized or made read-only since the last call is seen for what it is now.
+ * Python decides again. A second thread is a miss too, and Python refuses it without touching
+ * what a run of the owner's may be using while its waits let go of the GIL. Binding reads each
+ * array's memory through the buffer protocol, so an array restrided, resized or made read-only
+ * since the last call is seen for what it is now.
  */
 enum { KEY_ITEMS = 10, MEMO_ARGS = 5, FACT_DIMS = 8 };
 
@@ -942,7 +946,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *table;        /* the compiled schedules by layout key (Engine.compiled, never replaced) */
-    PyObject *ring;         /* owner and calls */
+    PyObject *ring;         /* served and calls */
     PyObject *in_flight;    /* ring.in_flight */
     PyObject *traffic;      /* ring.traffic */
     PyObject *communicator; /* its timeout */
@@ -977,7 +981,8 @@ static int describe(Shortcut *self, PyObject *array, PyObject **dtype, PyObject 
     return 0;
 }
 
-/* The owner thread calls, and how long a wait of its calls spins (from the communicator's timeout): 1, else 0. */
+/* The thread the ring serves calls (`owned`), and how long a wait of its calls spins (from the
+   communicator's timeout): 1, else 0. */
 static int spin_for(Shortcut *self, double *spin) {
     PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
     if (timeout == NULL)
@@ -1350,7 +1355,7 @@ static PyTypeObject ShortcutType = {
  *       yes ─► the call count and traffic ─► the prologue, exchange 0 started ─► in flight
  *                  └── an MPI error or raising work ─► failed_start(code or error): Python raises
  *       no  ─► start_in_python()
- *   req.wait() ─► started, no error, and complete or alone in flight, from the owner thread
+ *   req.wait() ─► from the owner thread (checked first), started, no error, and complete or alone in flight
  *       yes ─► the rest of the run ─► the program's result
  *                  └── stopped waiting, a wrong size, an MPI error ─► resume_wait(stopped)
  *       no  ─► wait_in_python()
@@ -1485,11 +1490,11 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
     long long position = position_object && PyLong_CheckExact(position_object)
                              ? PyLong_AsLongLongAndOverflow(position_object, &overflow) : -1;
     if (overflow || position < 0 || FIELD(request, at[R_ERROR]) != Py_None || FIELD(request, at[R_RUN]) != Py_None ||
-        (running != Py_True && running != Py_False))
+        (running != Py_True && running != Py_False) || !owned(self->ring))
         return in_python(self, IN_PYTHON_WAIT);
     if (running == Py_True) {
         if (PyList_GET_SIZE(self->in_flight) != 1 || PyList_GET_ITEM(self->in_flight, 0) != request ||
-            program->exchanges == NULL || !owned(self->ring))
+            program->exchanges == NULL)
             return in_python(self, IN_PYTHON_WAIT);
         if (PyList_SetSlice(self->in_flight, 0, 1, NULL) < 0)
             return NULL;
@@ -1656,7 +1661,7 @@ static struct PyModuleDef module = {
 };
 
 static int intern_names(void) {
-    return (s_owner = PyUnicode_InternFromString("owner")) && (s_shape = PyUnicode_InternFromString("shape")) &&
+    return (s_served = PyUnicode_InternFromString("served")) && (s_shape = PyUnicode_InternFromString("shape")) &&
                    (s_dtype = PyUnicode_InternFromString("dtype")) &&
                    (s_timeout = PyUnicode_InternFromString("timeout")) && (s_calls = PyUnicode_InternFromString("calls")) &&
                    (s_freed = PyUnicode_InternFromString("_freed")) &&

@@ -133,11 +133,12 @@ class CollectiveRequest:
 
         It raises only what wait() would raise at the same point (it never waits, so never a
         timeout), and once it has raised, test(), wait() and `result` raise that error again."""
+        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+            self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
         if self._done:
             return True
-        self._ring.claim(self._call.collective)
         progress_others(self._ring, self)  # as wait() does: the ranks may test in different orders
         return self.progress()
 
@@ -154,11 +155,12 @@ class CollectiveRequest:
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
+        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+            self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
         if self._done:
             return self._result
-        self._ring.claim(self._call.collective)
         try:
             while not self._done:
                 wait_step(self._ring, self._step, self._call, self)
@@ -177,6 +179,8 @@ class CollectiveRequest:
     @property
     def result(self) -> Any:
         """The collective's result once test() has returned True (or wait() returned)."""
+        if self._ring.owner != get_ident():
+            self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
         if not self._done:
@@ -430,6 +434,8 @@ class PersistentRequest:
         return self._call.arrays
 
     def _start_in_python(self) -> None:
+        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+            self._ring.claim(self._call.collective)
         if self._freed or self._running:
             self._refuse_start()
         self._started()  # the run takes its number on every rank, refused here or not
@@ -508,10 +514,11 @@ class PersistentRequest:
 
     def test(self) -> bool:
         """True once the run started last has completed (advancing it, never blocking)."""
+        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+            self._ring.claim(self._call.collective)
         self._check_started()
         if not self._running:
             return True
-        self._ring.claim(self._call.collective)
         progress_others(self._ring, self)  # as wait() does: the ranks may test in different orders
         if self._run is not None:
             self._running = not self._run_step(self._run.test)
@@ -519,16 +526,16 @@ class PersistentRequest:
         return self.progress()
 
     def _wait_in_python(self) -> Any:
-        self._check_started()
         ring, call = self._ring, self._call
+        if ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+            ring.claim(call.collective)
+        self._check_started()
         if self._run is not None:
             self._run_step(self._run.wait)
             self._running = False
             return self._run.result
         recorded = self._recorded
         if self._running:
-            if ring.owner != get_ident():
-                ring.claim(call.collective)  # breaks the ring: waited for from a second thread
             try:
                 in_flight = ring.in_flight
                 if len(in_flight) == 1 and in_flight[0] is self:  # nothing else to advance: the lean path
@@ -556,6 +563,8 @@ class PersistentRequest:
     @property
     def result(self) -> Any:
         """The result once test() has returned True (or wait() returned)."""
+        if self._ring.owner != get_ident():
+            self._ring.claim(self._call.collective)
         self._check_started()
         if self._run is not None:
             return self._run.result
@@ -564,7 +573,10 @@ class PersistentRequest:
         return self._recorded.run_result()
 
     def free(self) -> None:
-        """Release the request's MPI resources (not while a run is in flight)."""
+        """Release the request's MPI resources (not while a run is in flight). Only from the
+        communicator's thread, or once that thread has ended (Ring.claim_to_free)."""
+        if self._ring.owner != get_ident():
+            self._ring.claim_to_free(self._call.collective)
         if self._running:
             raise RuntimeError(f"this persistent {self._call.collective} request is still running: wait() first")
         if not self._freed and self._recorded is not None:

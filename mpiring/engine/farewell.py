@@ -21,6 +21,7 @@ Communicator() of the process (`let_go`), so a rank that frees late never holds 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from mpi4py import MPI
@@ -30,6 +31,9 @@ from mpiring.ring import Ring
 _NOTHING = bytearray(0)
 _leaving: list[_Farewell] = []  # communicators whose farewells are not all in yet
 _kept: list[Any] = []  # what kept communicators' abandoned calls hold, for the life of the process
+# Communicators of different threads are freed and made at the same time: one thread at a time
+# takes a communicator's messages (a probe and its receive) and frees it
+_lock = threading.RLock()
 
 
 class _Farewell:
@@ -70,14 +74,16 @@ class _Farewell:
 def say_farewell(ring: Ring) -> None:
     """Start letting go of `ring`'s MPI communicator (see the module's docstring)."""
     farewell = _Farewell(ring, keep=ring.broken is not None)
-    if not farewell.advance():
-        _leaving.append(farewell)
-    let_go()
+    with _lock:
+        if not farewell.advance():
+            _leaving.append(farewell)
+        let_go()
 
 
 def let_go() -> None:
     """Take what has arrived for communicators still being let go; free those now complete."""
-    _leaving[:] = [farewell for farewell in _leaving if not farewell.advance()]
+    with _lock:
+        _leaving[:] = [farewell for farewell in _leaving if not farewell.advance()]
 
 
 def leaving() -> int:

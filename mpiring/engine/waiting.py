@@ -36,8 +36,8 @@ _LOOK_SECONDS = 20e-3
 
 # A notice is empty, or, from a rank that timed out, the 8 bytes of its timeout (a float64):
 # a peer it ends the wait of raises CollectiveTimeout too, as it would have at its own deadline.
-_NOTICE = bytearray(8)  # receives either
-_status = MPI.Status()  # where no_notice's probe writes (one thread per communicator calls)
+# Each ring receives one into its own `notice` (8 bytes) and probes into its own `probed` status:
+# communicators of different threads wait at the same time.
 
 # Give the core to another runnable process (oversubscribed ranks); a no-op when none waits.
 _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
@@ -270,11 +270,12 @@ class _Watch:
             return
         self.next = now + _LOOK_SECONDS
         found = foreign_message(self.ring, self.step, self.call)
-        if found is None and self.notice is not None and self.ring.comm.Iprobe(MPI.ANY_SOURCE, self.notice, _status):
-            found = self.seen = (_status.Get_source(), self.notice)  # that peer left this call: no second look
+        status = self.ring.probed
+        if found is None and self.notice is not None and self.ring.comm.Iprobe(MPI.ANY_SOURCE, self.notice, status):
+            found = self.seen = (status.Get_source(), self.notice)  # that peer left this call: no second look
         if found is not None and found == self.seen:
             source, tag = found
-            if tag == self.notice and self.ring.comm.Iprobe(source, tag, _status) and _status.Get_count(MPI.BYTE) == 8:
+            if tag == self.notice and self.ring.comm.Iprobe(source, tag, status) and status.Get_count(MPI.BYTE) == 8:
                 self._peer_timed_out(source, tag)  # returns where nothing is outstanding
             cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
@@ -285,8 +286,9 @@ class _Watch:
         ranks one missing rank kept waiting all raise CollectiveTimeout, whichever deadline came first)."""
         if all(finished(self.step, index) for index in range(len(self.step.peers))):
             return
-        self.ring.comm.Recv([_NOTICE, 8, MPI.BYTE], source, tag)
-        _raise_timeout(self.step, self.call, struct.unpack("d", _NOTICE)[0], source)
+        notice = self.ring.notice
+        self.ring.comm.Recv([notice, 8, MPI.BYTE], source, tag)
+        _raise_timeout(self.step, self.call, struct.unpack("d", notice)[0], source)
 
 
 def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | None:
@@ -313,7 +315,7 @@ def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | Non
                 break
             if not tags.is_notice(tag) or tags.notice_of(tag, ring.failures):  # a peer left a call of this generation
                 return source, tag
-            ring.comm.Recv([_NOTICE, 8, MPI.BYTE], source, tag)  # a notice of a call this rank left too
+            ring.comm.Recv([ring.notice, 8, MPI.BYTE], source, tag)  # a notice of a call this rank left too
     return None
 
 
@@ -326,8 +328,8 @@ def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | N
         return
     number = ring.calls if calls is None else calls
     tag = ring.tags.notice(ring.failures, number)  # a notice that a peer left this very call
-    if tag is not None and ring.comm.Iprobe(MPI.ANY_SOURCE, tag, _status):
-        raise MessageMismatchError(collective, f"rank {_status.Get_source()} raised in this call and left it "
+    if tag is not None and ring.comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
+        raise MessageMismatchError(collective, f"rank {ring.probed.Get_source()} raised in this call and left it "
                                    f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
                                    f"call {number} here) went on: its data may come from the call that rank left")
 
@@ -349,7 +351,7 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
                      for peer in range(ring.size) if peer != ring.rank]
     status = MPI.Status()
     while ring.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
-        ring.comm.Recv([_NOTICE, 8, MPI.BYTE], status.Get_source(), tag)
+        ring.comm.Recv([ring.notice, 8, MPI.BYTE], status.Get_source(), tag)
 
 
 def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
