@@ -62,8 +62,10 @@ def test_flat_maps_are_not_hierarchical(nodes):
 def test_auto_takes_the_node_rows_on_several_nodes():
     nodes = NodeMap(((0, 1), (2, 3)))
     for collective, rows in NODE_SWITCH_POINTS.items():
+        above = 8  # the smallest size past the rows before
         for largest, algorithm in rows:
-            size = 8 if largest is None else largest
+            size = above if largest is None else largest
+            above = size + 1
             chosen = choose(collective, "auto", size, 4, nodes)
             assert chosen == algorithm or (algorithm == "flat" and chosen == choose(collective, "auto", size, 4))
     assert choose("allreduce", "ring", 1 << 20, 4, nodes) == "ring"  # asked for: no switching
