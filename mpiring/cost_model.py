@@ -50,12 +50,12 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from mpiring import environment
+from mpiring import environment, selection
 from mpiring.algorithms.broadcast_ring import segment_count
 from mpiring.algorithms.reduce_scatter_ring_pipelined import SEGMENT_BYTES as PIPELINE_SEGMENT_BYTES
 from mpiring.engine.partition import split_bounds
 from mpiring.engine.transport import WINDOW
-from mpiring.selection import FLAT, NODE_SWITCH_POINTS, flat_choice
+from mpiring.selection import across_choice, flat_choice
 from mpiring.topology import NodeMap
 
 FABRIC_VARIABLE = "MPIRING_FABRIC"
@@ -307,7 +307,7 @@ def allreduce_node_lanes(n: float, N: int, k: int, f: Fabric) -> float:
     2(N-1)(alpha_e + k n/(kN) beta_e) = 2(N-1) alpha_e + 2(N-1)/N n beta_e."""
     inside = 2 * (k - 1) * _round(f, n / k, 0, 1) + (k - 1) / k * n * f.gamma if k > 1 else 0.0
     share = n / k
-    across = _ALLREDUCE[flat_choice("allreduce", int(share), N)](share, N, 1, f.with_inter_beta(k)) if N > 1 else 0.0
+    across = _ALLREDUCE[across_choice("allreduce", int(share), N)](share, N, 1, f.with_inter_beta(k)) if N > 1 else 0.0
     return inside + across
 
 
@@ -318,7 +318,7 @@ def allreduce_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
     `auto` picks on N ranks), a binomial broadcast inside each node."""
     hops = (k - 1).bit_length()
     inside = hops * (2 * _round(f, n, 0, 1) + n * f.gamma)
-    across = _ALLREDUCE[flat_choice("allreduce", int(n), N)](n, N, 1, f) if N > 1 else 0.0
+    across = _ALLREDUCE[across_choice("allreduce", int(n), N)](n, N, 1, f) if N > 1 else 0.0
     return inside + across
 
 
@@ -363,7 +363,7 @@ def broadcast_ring(n: float, N: int, k: int, f: Fabric) -> float:
 def broadcast_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
     """across(n, N) + inside(n, k): the flat broadcast `auto` picks for N ranks among one rank per
     node, then the one it picks for k ranks inside every node at once."""
-    across = _BROADCAST[flat_choice("broadcast", int(n), N)](n, N, 1, f) if N > 1 else 0.0
+    across = _BROADCAST[across_choice("broadcast", int(n), N)](n, N, 1, f) if N > 1 else 0.0
     inside = _BROADCAST[flat_choice("broadcast", int(n), k)](n, 1, k, f) if k > 1 else 0.0
     return across + inside
 
@@ -421,7 +421,7 @@ def reduce_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
     """ceil(lg k)(alpha_i + n beta_i + n gamma) + across(n, N): a binomial reduce inside every node
     to its representative, then the flat reduce `auto` picks for N ranks among them."""
     inside = reduce_binomial(n, 1, k, f)
-    across = _REDUCE[flat_choice("reduce", int(n), N)](n, N, 1, f) if N > 1 else 0.0
+    across = _REDUCE[across_choice("reduce", int(n), N)](n, N, 1, f) if N > 1 else 0.0
     return inside + across
 
 
@@ -456,14 +456,8 @@ def node_map(nodes: int, per_node: int) -> NodeMap:
 
 
 def auto_choice(collective: str, nbytes: int, nodes: int, per_node: int) -> str:
-    """What `auto` runs (mpiring.selection): a node-aware row on a hierarchical node map, else flat."""
-    if node_map(nodes, per_node).hierarchical:
-        for largest, algorithm in NODE_SWITCH_POINTS.get(collective, ()):
-            if largest is None or nbytes <= largest:
-                if algorithm != FLAT:
-                    return algorithm
-                break
-    return flat_choice(collective, nbytes, nodes * per_node)
+    """What `auto` runs (mpiring.selection) on `nodes` x `per_node` ranks in node order."""
+    return selection.auto_choice(collective, nbytes, nodes * per_node, node_map(nodes, per_node))
 
 
 def _check(collective: str, algorithm: str, nodes: int, per_node: int) -> None:
@@ -714,7 +708,7 @@ def _p_allreduce(algorithm: str, ranks: Sequence[int], count: int, item: int, k:
         lane_bounds = split_bounds(count, k)
         lanes = [[node[j] for node in nodes] for j in range(k)]
         return (_side_by_side(_p_rs_ring(node, lane_bounds, item) for node in nodes)
-                + _side_by_side(_p_allreduce(flat_choice("allreduce", _chunk(lane_bounds, j, item), len(nodes)),
+                + _side_by_side(_p_allreduce(across_choice("allreduce", _chunk(lane_bounds, j, item), len(nodes)),
                                              lane, lane_bounds[j + 1] - lane_bounds[j], item, 1)
                                 for j, lane in enumerate(lanes))
                 + _side_by_side(_p_ag_ring(node, lane_bounds, item) for node in nodes))
@@ -722,7 +716,7 @@ def _p_allreduce(algorithm: str, ranks: Sequence[int], count: int, item: int, k:
         n = count * item
         leaders = [node[0] for node in nodes]
         return (_side_by_side(_p_reduce_binomial(node, 0, n) for node in nodes)
-                + _p_allreduce(flat_choice("allreduce", n, len(nodes)), leaders, count, item, 1)
+                + _p_allreduce(across_choice("allreduce", n, len(nodes)), leaders, count, item, 1)
                 + _side_by_side(_p_broadcast_binomial(node, 0, n) for node in nodes))
     raise ValueError(f"no pattern of allreduce {algorithm!r}")
 
@@ -739,7 +733,7 @@ def _p_broadcast(algorithm: str, ranks: Sequence[int], root: int, count: int, it
         nodes = [ranks[i : i + k] for i in range(0, len(ranks), k)]
         home = root // k
         reps = [node[root % k] if i == home else node[0] for i, node in enumerate(nodes)]
-        across = _p_broadcast(flat_choice("broadcast", n, len(nodes)), reps, home, count, item, 1)
+        across = _p_broadcast(across_choice("broadcast", n, len(nodes)), reps, home, count, item, 1)
         inside = _side_by_side(_p_broadcast(flat_choice("broadcast", n, k), node, node.index(rep), count, item, k)
                                for node, rep in zip(nodes, reps, strict=True))
         return across + inside
@@ -822,15 +816,15 @@ CALIBRATION_SIZES = tuple(8 << (3 * i) for i in range(7)) + (4 << 20,)  # 8 B, 6
 
 
 def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> Link:
-    """alpha + beta m through the points, least squares weighted by 1/t (relative error), kept positive."""
-    import numpy
-
-    weights = 1 / numpy.asarray(seconds)
-    design = numpy.stack([numpy.ones(len(sizes)), numpy.asarray(sizes, dtype=float)], axis=1) * weights[:, None]
-    (alpha, beta), *_ = numpy.linalg.lstsq(design, numpy.asarray(seconds) * weights, rcond=None)
-    alpha = float(alpha) if alpha > 0 else float(min(seconds))
-    beta = float(beta) if beta > 0 else float(max(seconds)) / max(sizes)
-    return Link(alpha, beta)
+    """alpha from the smallest message, beta from the slope between the two largest: the link's
+    sustained rate. A least-squares line through every size would take its slope from the middle
+    sizes too, which a shaped or switched link passes in a burst at a higher rate (a token bucket's
+    burst, a switch's buffers), and underestimate what large collectives pay."""
+    order = sorted(range(len(sizes)), key=sizes.__getitem__)
+    small, second, large = order[0], order[-2], order[-1]
+    slope = (seconds[large] - seconds[second]) / (sizes[large] - sizes[second])
+    beta = float(slope) if slope > 0 else float(seconds[large]) / sizes[large]
+    return Link(max(float(seconds[small]) - beta * sizes[small], 1e-9), beta)
 
 
 def _ping_pong(comm: Any, pair: tuple[int, int], sizes: Sequence[int], repeats: int) -> list[float]:

@@ -83,6 +83,18 @@ NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "barrier": [(None, "node_leader")],
 }
 
+# collective -> [(largest message in bytes, algorithm)] for flat algorithms whose ranks all sit on
+# different nodes: the lanes, leaders and representatives inside node-aware algorithms, and
+# communicators of one rank per node. Every message there crosses the network, so the one-node
+# choices that let a root send every copy itself (linear) or every rank send to every other at
+# once (scattered) load one link several times over; measured on the emulated cluster at 4 nodes,
+# the pipelined ring broadcast and the ring all-reduce kept to the link's rate from 256 KiB.
+ACROSS_NODES_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
+    "broadcast": [(64 << 10, "binomial"), (None, "ring")],
+    "allreduce": [(16 << 10, "recursive_doubling"), (None, "ring")],
+    "allgather": [(64 << 10, "scattered"), (None, "ring")],
+}
+
 _announced: set[tuple[str, str]] = set()
 _environment = {"algo": "", "debug": False}
 
@@ -94,8 +106,9 @@ def read_environment() -> None:
 
 
 def _switch(collective: str, nbytes: int, world_size: int, nodes: NodeMap | None = None) -> tuple[str, str]:
-    if nodes is not None and nodes.hierarchical:
-        for largest, algorithm in NODE_SWITCH_POINTS.get(collective, ()):
+    if nodes is not None and len(nodes.nodes) > 1:
+        table = NODE_SWITCH_POINTS if nodes.hierarchical else ACROSS_NODES_SWITCH_POINTS
+        for largest, algorithm in table.get(collective, ()):
             if largest is None or nbytes <= largest:
                 if algorithm != FLAT:
                     size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
@@ -110,9 +123,22 @@ def _switch(collective: str, nbytes: int, world_size: int, nodes: NodeMap | None
 
 
 def flat_choice(collective: str, nbytes: int, world_size: int) -> str:
-    """The algorithm `auto` picks for ranks on one node: what node-aware algorithms run inside a
-    node or across the nodes' representatives."""
+    """The algorithm `auto` picks for ranks on one node: what node-aware algorithms run inside a node."""
     return _switch(collective, nbytes, world_size)[0]
+
+
+def auto_choice(collective: str, nbytes: int, world_size: int, nodes: NodeMap | None = None) -> str:
+    """What `auto` runs for this call, silently (the cost model predicts it)."""
+    return _switch(collective, nbytes, world_size, nodes)[0]
+
+
+def across_choice(collective: str, nbytes: int, world_size: int) -> str:
+    """The flat algorithm `auto` picks for ranks each on a node of its own: what node-aware
+    algorithms run across nodes (ACROSS_NODES_SWITCH_POINTS, else the one-node choice)."""
+    for largest, algorithm in ACROSS_NODES_SWITCH_POINTS.get(collective, ()):
+        if largest is None or nbytes <= largest:
+            return algorithm
+    return flat_choice(collective, nbytes, world_size)
 
 
 def environment_choice(collective: str) -> str | None:

@@ -14,6 +14,9 @@ MPIR_CVAR_NUM_CLIQUES does), so node-aware algorithms can be exercised on one ma
     MPIRING_VIRTUAL_NODES=2:round-robin  local rank i on virtual node i mod 2
     MPIRING_VIRTUAL_NODES=3,1            blocks of 3 and 1 ranks (adding up to each node's ranks)
 
+MPIRING_NODE_AWARE=0 makes the map one node of every rank: `auto` then runs the flat algorithms
+everywhere (MPICH's MPIR_CVAR_ENABLE_SMP_COLLECTIVES=0), for comparisons.
+
 The machine is not the node: emulated nodes (network namespaces, containers) share one kernel
 and its cores, and a rank that spins on a core its neighbour needs slows both. Ranks compare the
 kernel's boot id, the same in every namespace of one machine, to count who shares their cores.
@@ -32,6 +35,7 @@ from mpiring.errors import ArgumentError
 from mpiring.launch import local_ranks
 
 VIRTUAL_NODES = "MPIRING_VIRTUAL_NODES"
+NODE_AWARE = "MPIRING_NODE_AWARE"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -159,6 +163,8 @@ def discover(comm: MPI.Intracomm) -> tuple[NodeMap, bool, bool]:
     neighbours = [cpus for _, other, cpus in facts if other == machine]
     cores = set().union(*neighbours)
     spins = len(cores) >= max(len(neighbours), local_ranks())
+    if environment.flag(NODE_AWARE, "Communicator") is False:
+        return NodeMap.single(comm.Get_size()), node_local, spins
     return NodeMap(split_virtual(nodes, environment.text(VIRTUAL_NODES))), node_local, spins
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 from mpiring.cluster import EmulatedCluster, detect_mpi  # noqa: E402
 from mpiring.cluster.network import rate_bits  # noqa: E402
+from mpiring.cost_model import Fabric, predict  # noqa: E402
 
 CONFIGS = ["2x2@1gbit", "2x2@10gbit", "4x1@1gbit", "4x2@1gbit"]
 SIZES = [8, 64 << 10, 4 << 20, 16 << 20]  # the collectives' table
@@ -60,6 +61,13 @@ def bench(cluster: EmulatedCluster, per_node: int, args: argparse.Namespace, nam
         sys.exit(f"{name} failed:\n{output[-3000:]}")
 
 
+def calibrate_only(args: argparse.Namespace) -> None:
+    for config in args.configs:
+        nodes, per_node, rate = parse_config(config)
+        with EmulatedCluster(nodes=nodes, rate=rate) as cluster:
+            calibrate(cluster, per_node, args, config)
+
+
 def measure(args: argparse.Namespace) -> None:
     os.makedirs(args.scratch, exist_ok=True)
     context = {"commit": git_commit(), "machine": machine(), "mpi": args.mpi, "configs": args.configs,
@@ -75,10 +83,23 @@ def measure(args: argparse.Namespace) -> None:
                           ["-c", "all", "-b", str(size), "-e", str(size), "--form", form])
             bench(cluster, per_node, args, run_name(config, "allreduce-algorithms"),
                   ["-c", "allreduce", "-a", "all", "-b", "8", "-e", "16M", "-f", "8"])
+            calibrate(cluster, per_node, args, config)
             crossed = sum((cluster.link_bytes()[node] - before[node]).tx for node in before)
             context[config] = {"bytes_crossed": crossed}
     with open(os.path.join(args.scratch, "context.json"), "w") as file:
         json.dump(context, file, indent=1)
+
+
+def fabric_path(scratch: str, config: str) -> str:
+    return os.path.join(scratch, run_name(config, "fabric") + ".json")
+
+
+def calibrate(cluster: EmulatedCluster, per_node: int, args: argparse.Namespace, config: str) -> None:
+    """The cost model's fabric of this cluster (mpiring.cost_model.calibrate), for its predictions."""
+    command = [sys.executable, "-m", "mpiring.cost_model", "calibrate", "--out", fabric_path(args.scratch, config)]
+    code, output = cluster.run(per_node, command, timeout=600, cwd=ROOT, mpi=args.mpi)
+    if code != 0:
+        sys.exit(f"calibrating {config} failed:\n{output[-3000:]}")
 
 
 def git_commit() -> str:
@@ -171,6 +192,38 @@ def algorithms_table(scratch: str, config: str) -> list[str]:
     return lines
 
 
+def model_lines(scratch: str, config: str) -> list[str]:
+    """The cost model's predictions, on the fabric calibrated on this cluster, against the
+    all-reduce times measured: each algorithm's median and worst error over the sizes."""
+    path = fabric_path(scratch, config)
+    rows = load(scratch, run_name(config, "allreduce-algorithms"))
+    if not os.path.exists(path) or not rows:
+        return []
+    fabric = Fabric.load(path)
+    nodes, per_node, _ = parse_config(config)
+    errors: dict[str, list[float]] = {}
+    for row in rows:
+        predicted = predict("allreduce", row["algorithm"], row["size_bytes"], nodes, per_node, fabric) * 1e6
+        errors.setdefault(row["algorithm"], []).append(abs(predicted - row["time_us"]) / row["time_us"])
+    every = sorted(e for found in errors.values() for e in found)
+    lines = [f"Cost model (mpiring.cost_model) on the fabric calibrated here: intra alpha "
+             f"{fabric.intra.alpha * 1e6:.1f} us, {1 / fabric.intra.beta / 1e9:.2f} GB/s; inter alpha "
+             f"{fabric.inter.alpha * 1e6:.1f} us, {1 / fabric.inter.beta / 1e9:.3f} GB/s. |predicted - measured| / "
+             f"measured over these all-reduce times: median {percent(median(every))}, worst {percent(every[-1])}.", "",
+             "| algorithm | median error | worst error |", "| --- | --- | --- |"]
+    for algorithm, found in errors.items():
+        lines.append(f"| {algorithm} | {percent(median(sorted(found)))} | {percent(max(found))} |")
+    return lines
+
+
+def median(values: list[float]) -> float:
+    return values[len(values) // 2]
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
 def generated_section(args: argparse.Namespace) -> str:
     with open(os.path.join(args.scratch, "context.json")) as file:
         context = json.load(file)
@@ -192,7 +245,7 @@ def generated_section(args: argparse.Namespace) -> str:
                 f"Time / native time of each collective's `auto` (below 1: mpiring is faster){counted}.", "",
                 *collectives_table(args.scratch, config), "", *bound_lines(args.scratch, config), "",
                 "All-reduce, every algorithm, best form (time per call):", "",
-                *algorithms_table(args.scratch, config), ""]
+                *algorithms_table(args.scratch, config), "", *model_lines(args.scratch, config), ""]
     out.append(END)
     return "\n".join(out)
 
@@ -218,13 +271,14 @@ def main() -> int:
     parser.add_argument("--scratch", default=os.path.join(ROOT, ".bench-cluster"), help="where results are kept")
     parser.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks-cluster.md"))
     parser.add_argument("--no-run", action="store_true", help="only rewrite the page from kept results")
+    parser.add_argument("--calibrate-only", action="store_true", help="only calibrate the cost model's fabrics")
     args = parser.parse_args()
     args.mpi = args.mpi or detect_mpi()
     if not args.no_run:
         available, why = EmulatedCluster.available()
         if not available:
             sys.exit(f"no emulated cluster here: {why}")
-        measure(args)
+        calibrate_only(args) if args.calibrate_only else measure(args)
     rewrite_doc(args.doc, generated_section(args))
     print(f"wrote {args.doc}")
     return 0

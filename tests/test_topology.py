@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mpiring.errors import ArgumentError
-from mpiring.selection import NODE_SWITCH_POINTS, choose
+from mpiring.selection import NODE_SWITCH_POINTS, across_choice, choose
 from mpiring.topology import NodeMap, split_virtual
 
 EIGHT = (tuple(range(8)),)
@@ -52,11 +52,22 @@ def test_ranks_out_of_node_order():
     assert nodes.describe() == "2 nodes x 2 ranks (ranks not in node order)"
 
 
-@pytest.mark.parametrize("nodes", [NodeMap.single(4), NodeMap(((0,), (1,), (2,), (3,)))])
-def test_flat_maps_are_not_hierarchical(nodes):
-    """One node, or a rank per node: the node-aware algorithms would be flat ones."""
+def test_one_node_keeps_the_flat_choices():
+    nodes = NodeMap.single(4)
     assert not nodes.hierarchical
-    assert choose("allreduce", "auto", 1 << 20, 4, nodes) == choose("allreduce", "auto", 1 << 20, 4)
+    for size in (8, 1 << 20):
+        assert choose("allreduce", "auto", size, 4, nodes) == choose("allreduce", "auto", size, 4)
+
+
+def test_a_rank_per_node_takes_the_rows_across_nodes():
+    """Several nodes of one rank each: no node-aware algorithm differs from a flat one, but every
+    message crosses the network, so the flat choices come from ACROSS_NODES_SWITCH_POINTS."""
+    nodes = NodeMap(((0,), (1,), (2,), (3,)))
+    assert not nodes.hierarchical
+    assert choose("broadcast", "auto", 4 << 20, 4, nodes) == across_choice("broadcast", 4 << 20, 4) == "ring"
+    assert choose("broadcast", "auto", 4 << 20, 4) == "linear"  # one node: the receivers copy side by side
+    assert choose("allreduce", "auto", 8, 4, nodes) == "recursive_doubling"
+    assert choose("scan", "auto", 8, 4, nodes) == choose("scan", "auto", 8, 4)  # not in the table: flat
 
 
 def test_auto_takes_the_node_rows_on_several_nodes():

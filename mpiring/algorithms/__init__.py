@@ -25,6 +25,7 @@ from mpiring.algorithms.allreduce_ring import allreduce_ring
 from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
 from mpiring.algorithms.allreduce_scattered import allreduce_scattered
 from mpiring.algorithms.alltoall_bruck import alltoall_bruck
+from mpiring.algorithms.alltoall_node_leader import alltoall_node_leader
 from mpiring.algorithms.alltoall_pairwise import alltoall_pairwise
 from mpiring.algorithms.alltoall_scattered import alltoall_scattered
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
@@ -76,7 +77,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "scattered": reduce_scatter_scattered,
     },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination, "node_leader": barrier_node_leader},
-    "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck},
+    "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck,
+                 "node_leader": alltoall_node_leader},
     # the ranks know only their own counts, not the blocks Bruck would forward for others
     "alltoallv": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered},
     # one function each for scan and exscan (the collective says which)

@@ -5,7 +5,9 @@ chunks through each node's link, one per step.
 
 Cost, N nodes of k ranks, n bytes of result:
     alpha_intra + (k-1)/(N k) n beta_intra                (the gather in the node, one step)
-  + alpha_inter + (N-1)/N n beta_inter                    (the leaders' exchange: each node's n/N to every other)
+  + alpha_inter + (N-1)/N n beta_inter                    (the leaders' exchange: each node's n/N to every other,
+                                                          all at once; large results, nodes in rank order: a ring,
+                                                          N-1 steps, each link carrying (N-1)/N n once)
   + the broadcast of n bytes in the node                  (linear: alpha_intra + (k-1) n beta_intra)
 
     2 nodes x 2 ranks, chunks A B C D
@@ -22,11 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.broadcast_node_leader import FLAT as FLAT_BROADCASTS
 from mpiring.backend import NumpyBackend
 from mpiring.engine.transport import Steps
 from mpiring.ring import Ring, SubRing
-from mpiring.selection import flat_choice
+from mpiring.selection import across_choice, flat_choice
 
 
 def runs(buf: Any, bounds: list[int], members: tuple[int, ...]) -> list[Any]:
@@ -39,6 +42,11 @@ def runs(buf: Any, bounds: list[int], members: tuple[int, ...]) -> list[Any]:
                 views.append(buf[lo:hi])
             first = i
     return views
+
+
+def _in_node_order(nodes: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether the nodes hold ranks 0, 1, ... in turn: each node's chunks are then one block."""
+    return [r for node in nodes for r in node] == list(range(sum(len(node) for node in nodes)))
 
 
 def allgather_node_leader(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int],
@@ -56,7 +64,11 @@ def allgather_node_leader(ring: Ring, backend: NumpyBackend, tag: int, buf: Any,
     if src is not None:
         backend.copy(own, src)
     yield step
-    if r == leader:
+    in_ring = _in_node_order(nodes.nodes) and across_choice("allgather", buf.nbytes, len(nodes.nodes)) == "ring"
+    if r == leader and in_ring:  # large results: the leaders' ring passes each node's block once through every link
+        node_bounds = [bounds[node[0]] for node in nodes.nodes] + [bounds[-1]]
+        yield from allgather_steps(SubRing(ring, nodes.leaders), backend, tag, buf, node_bounds)
+    elif r == leader:
         others = [node for node in nodes.nodes if node[0] != leader]
         mine = runs(buf, bounds, members)
         yield ring.post(backend, tag, sends=[(view, node[0]) for node in others for view in mine],

@@ -37,7 +37,7 @@ from mpiring.engine.partition import split_bounds
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
 from mpiring.ring import Ring, SubRing
-from mpiring.selection import flat_choice
+from mpiring.selection import across_choice
 
 # the flat all-reduces a lane or the leaders may run across nodes, as `auto` names them
 ACROSS_NODES = {
@@ -49,8 +49,8 @@ ACROSS_NODES = {
 
 
 def allreduce_across(ring: SubRing, backend: NumpyBackend, tag: int, buf: Any, op: str) -> Steps:
-    """All-reduce flat `buf` in place over a sub-ring across nodes, by the flat choice for its size."""
-    yield from ACROSS_NODES[flat_choice("allreduce", buf.nbytes, ring.size)](ring, backend, tag, buf, buf, op)
+    """All-reduce flat `buf` in place over a sub-ring across nodes, by `auto`'s choice across nodes."""
+    yield from ACROSS_NODES[across_choice("allreduce", buf.nbytes, ring.size)](ring, backend, tag, buf, buf, op)
 
 
 def allreduce_node_lanes(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

@@ -23,7 +23,7 @@ from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.transport import Steps
 from mpiring.ring import Ring, SubRing
-from mpiring.selection import flat_choice
+from mpiring.selection import across_choice, flat_choice
 
 FLAT = {"linear": broadcast_linear, "binomial": broadcast_binomial, "ring": broadcast_steps}
 
@@ -36,7 +36,7 @@ def broadcast_node_leader(ring: Ring, backend: NumpyBackend, tag: int, root: int
     mine = representatives[nodes.node_of(ring.rank)]
     if ring.rank == mine:
         across = SubRing(ring, representatives)
-        flat = FLAT[flat_choice("broadcast", buf.nbytes, across.size)]
+        flat = FLAT[across_choice("broadcast", buf.nbytes, across.size)]
         yield from flat(across, backend, tag, nodes.node_of(root), buf, src)
     node = SubRing(ring, nodes.node(ring.rank))
     flat = FLAT[flat_choice("broadcast", buf.nbytes, node.size)]

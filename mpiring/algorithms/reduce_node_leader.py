@@ -23,7 +23,7 @@ from mpiring.backend import NumpyBackend
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
 from mpiring.ring import Ring, SubRing
-from mpiring.selection import flat_choice
+from mpiring.selection import across_choice
 
 FLAT = {"binomial": reduce_binomial, "ring": reduce_ring, "scattered": reduce_scattered}
 
@@ -40,7 +40,7 @@ def reduce_node_leader(ring: Ring, backend: NumpyBackend, tag: int, root: int, s
     yield from reduce_binomial(node, backend, tag, node.members.index(mine), src, partial, summing)
     if ring.rank == mine:
         across = SubRing(ring, representatives)
-        flat = FLAT[flat_choice("reduce", src.nbytes, across.size)]
+        flat = FLAT[across_choice("reduce", src.nbytes, across.size)]
         yield from flat(across, backend, tag, nodes.node_of(root), partial, out, summing)
     if ring.rank == root:
         backend.finish(op, out, ring.size)

@@ -17,11 +17,16 @@ the ring keeps alive: that communicator is kept (one context id).
 
 Nothing waits: what has not arrived when free() returns is taken by the next free() or
 Communicator() of the process (`let_go`), so a rank that frees late never holds up the others.
+At exit, before MPI is finalized, a process takes what is still coming for up to EXIT_SECONDS,
+so that no message is left unmatched (which MPI libraries report, e.g. UCX's "unexpected
+tag-receive descriptor ... was not matched").
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
 from typing import Any
 
 from mpi4py import MPI
@@ -29,6 +34,7 @@ from mpi4py import MPI
 from mpiring.ring import Ring
 
 _NOTHING = bytearray(0)
+EXIT_SECONDS = 1.0  # the most a process waits at exit for peers' farewells (a peer may never free)
 _leaving: list[_Farewell] = []  # communicators whose farewells are not all in yet
 _kept: list[Any] = []  # what kept communicators' abandoned calls hold, for the life of the process
 # Communicators of different threads are freed and made at the same time: one thread at a time
@@ -89,3 +95,15 @@ def let_go() -> None:
 def leaving() -> int:
     """How many communicators wait for a peer's farewell (tests, and Communicator's advice)."""
     return len(_leaving)
+
+
+def _at_exit() -> None:
+    """Take the farewells still coming before MPI is finalized (atexit runs this first: mpiring
+    registers it after mpi4py is imported)."""
+    deadline = time.monotonic() + EXIT_SECONDS
+    while _leaving and time.monotonic() < deadline and MPI.Is_initialized() and not MPI.Is_finalized():
+        let_go()
+        time.sleep(0.001)
+
+
+atexit.register(_at_exit)
