@@ -706,7 +706,7 @@ class BufferAPI:
     def Dup(self, info: Any = None) -> Any:
         """A new communicator over the same ranks, with this one's timeout and check (collective)."""
         timeout = math.inf if self.timeout is None else self.timeout
-        return type(self)(self.mpi, timeout=timeout, check=self._check is not None)
+        return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None)
 
     def Free(self) -> None:
         self.free()
@@ -719,11 +719,11 @@ class BufferAPI:
             prepared.finish()
 
     def _irun(self, prepared: _Prepared) -> Request:
-        return Request(self._start(*prepared.call), prepared.finish)
+        return Request(self._engine.start(*prepared.call), prepared.finish)
 
     def _init(self, prepared: _Prepared, info: Any) -> Request:
         _check_info(prepared.call[0], info)
-        return Request(self._persistent(*prepared.call), prepared.finish, prepared.before)
+        return Request(self._engine.persistent(*prepared.call), prepared.finish, prepared.before)
 
     def _parse_bcast(self, buf: Any, root: int) -> _Prepared:
         items = simple("Bcast", "buf", buf)

@@ -32,7 +32,7 @@ records have a fixed size and a private tag, the exchange itself always matches 
 the ranks called. It is blocking even for the nonblocking collectives: `icollective` returns
 only after every rank has issued the same call (a debugging mode, not a fast one).
 
-A rank whose own arguments failed before its record went out (Communicator._refuse) still
+A rank whose own arguments failed before its record went out (Engine._refuse) still
 exchanges one, carrying its ArgumentError, and every other rank raises that error too.
 
 After a mismatch every rank has raised and no message is left in flight, so the communicator

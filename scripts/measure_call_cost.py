@@ -72,7 +72,7 @@ def main() -> None:
     unlimited = mpiring.Communicator(timeout=math.inf)
     unlimited.allreduce(x, out=y)
     hit_in_python = mpiring.Communicator()
-    hit_in_python._blocking = hit_in_python._blocking_in_python
+    hit_in_python._blocking = hit_in_python._engine.run_in_python
     hit_in_python.allreduce(x, out=y)
 
     def start_and_wait() -> None:

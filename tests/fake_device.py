@@ -36,6 +36,17 @@ class FakeDeviceArray(numpy.ndarray):
     """Host memory standing in for GPU memory in tests."""
 
 
+def route_to(monkeypatch: Any, backend: Any) -> None:
+    """Make the communicator's argument checks and its engine see `backend` as the backend of
+    every FakeDeviceArray (mpiring.backend.backend_for, as both modules hold it)."""
+    import mpiring.communicator
+    import mpiring.engine.engine
+
+    original = mpiring.communicator.backend_for
+    for module in (mpiring.communicator, mpiring.engine.engine):
+        monkeypatch.setattr(module, "backend_for", lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+
+
 def to_device(a: Any) -> FakeDeviceArray:
     return numpy.array(a).view(FakeDeviceArray)
 

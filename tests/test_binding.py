@@ -288,7 +288,8 @@ def test_layout_rounds_are_recorded_and_a_changed_layout_is_never_stale(comm, na
             assert got is None
         else:
             assert_same(got, want, f"{name} call {call}")
-    recorded = [s for s in comm._cache.table.values() if type(s).__name__ == "Schedule" and s.call.collective == name]
+    recorded = [s for s in comm._engine.cache.table.values()
+                if type(s).__name__ == "Schedule" and s.call.collective == name]
     if name != "scatter" or RANK != root:  # (the root's array changes every call: never the same key)
         assert recorded and all(s.layout is not None for s in recorded), "recorded with its layout round"
         if RANK % 2 == 0 and name != "scatter":

@@ -93,7 +93,7 @@ def test_several_fields_and_ranks_at_once(checked):
 @needs_two
 def test_a_sequence_number_out_of_step_is_named(checked):
     """Ranks that made different numbers of calls on a communicator (here: forced) are caught."""
-    checker = checked._check
+    checker = checked._engine.check
     checker.seq += 5 if RANK == ODD else 0
     try:
         outcomes = everyone(attempt(lambda: checked.barrier()))
@@ -144,13 +144,13 @@ def test_the_environment_switches_checks_on_and_ranks_agree(monkeypatch):
     """MPIRING_CHECK on one rank only turns checks on for all (none waits for another's record)."""
     monkeypatch.setenv("MPIRING_CHECK", "1" if RANK == ODD else "0")
     comm = mpiring.Communicator()
-    assert comm._check is not None
+    assert comm._engine.check is not None
     outcomes = everyone(attempt(lambda: comm.allreduce(np.zeros(_odd(2, 3)))))
     if N > 1:
         assert all(o.error == "CallMismatchError" for o in outcomes), describe(outcomes)
     monkeypatch.setenv("MPIRING_CHECK", "off")
     quiet = mpiring.Communicator()
-    assert quiet._check is None
+    assert quiet._engine.check is None
     comm.free()
     quiet.free()
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fake_device import (
-    FakeDeviceArray,
     RecordingComm,
     check_collectives_on_fake_device,
     ipc_backend,
     on_host,
+    route_to,
     staged_backend,
     to_device,
 )
@@ -51,11 +51,7 @@ def routed_comm(request):
 @pytest.fixture
 def on_route(monkeypatch, routed_comm):
     comm, backend, log = routed_comm
-    import mpiring.communicator as communicator
-
-    original = communicator.backend_for
-    monkeypatch.setattr(communicator, "backend_for",
-                        lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    route_to(monkeypatch, backend)
     log.clear()
     return comm, backend, log
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fake_device import (
-    FakeDeviceArray,
     RecordingComm,
     check_collectives_on_fake_device,
     direct_backend,
     ipc_backend,
     on_host,
+    route_to,
     staged_backend,
     to_device,
 )
@@ -22,7 +22,6 @@ from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
-import mpiring.communicator as communicator
 import mpiring.gpu
 from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.gpu.ipc import decode_descriptor, encode_descriptor
@@ -34,9 +33,7 @@ RANK = MPI.COMM_WORLD.Get_rank()
 
 
 def _route(monkeypatch, backend) -> None:
-    original = communicator.backend_for
-    monkeypatch.setattr(communicator, "backend_for",
-                        lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    route_to(monkeypatch, backend)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from fake_device import (
-    FakeDeviceArray,
     FakeEngine,
     RecordingComm,
     check_collectives_on_fake_device,
     direct_backend,
     on_host,
+    route_to,
     staged_backend,
     to_device,
 )
@@ -528,11 +528,7 @@ def fake_device_comm():
 @pytest.fixture
 def on_fake_device(monkeypatch, fake_device_comm):
     comm, backend = fake_device_comm
-    import mpiring.communicator as communicator
-
-    original = communicator.backend_for
-    monkeypatch.setattr(communicator, "backend_for",
-                        lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    route_to(monkeypatch, backend)
     return comm, backend
 
 

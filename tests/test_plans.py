@@ -19,15 +19,23 @@ import weakref
 
 import numpy as np
 import pytest
-from fake_device import FakeDeviceArray, RecordingComm, direct_backend, ipc_backend, staged_backend, to_device
+from fake_device import (
+    FakeDeviceArray,
+    RecordingComm,
+    direct_backend,
+    ipc_backend,
+    route_to,
+    staged_backend,
+    to_device,
+)
 from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
-from mpiring.backend import NUMPY
 from mpiring.engine import compiled
 from mpiring.engine.cache import ENTRIES_KEPT
+from mpiring.engine.engine import Engine
 from mpiring.engine.plan import START, WORK, Plan
 from mpiring.engine.schedule import Schedule
 from mpiring.engine.waiting import YIELD_SECONDS
@@ -190,7 +198,7 @@ def test_the_own_block_is_copied_while_the_first_messages_are_in_flight(replay_c
             assert got is None
         else:
             assert_same(got, expected, f"{name} {algorithm} call {seed}")
-    [schedule] = [s for s in comm._cache.table.values() if type(s) is Schedule and s.call.collective == name]
+    [schedule] = [s for s in comm._engine.cache.table.values() if type(s) is Schedule and s.call.collective == name]
     _assert_replays_in(comm, schedule)
     during = [work for exchange in schedule.exchanges for work in exchange.during]
     if N > 1 and (RANK == root or name in ("alltoall", "allgather")):  # the copy, in flight with the first step
@@ -208,14 +216,10 @@ def device_comm(monkeypatch, request):
     that land late), planned in C or Python, sending by persistent requests or new ones each run.
     Where plans replay in Python, MPI sits behind a RecordingComm, which refuses a device buffer
     on the staged path."""
-    import mpiring.communicator as communicator
-
     replay, sends, path = request.param
     replay_comm = _communicator(monkeypatch, replay, sends)
     backend = direct_backend([]) if path == "direct" else staged_backend([], delay=1, segment_bytes=40)
-    original = communicator.backend_for
-    monkeypatch.setattr(communicator, "backend_for",
-                        lambda x: backend if isinstance(x, FakeDeviceArray) else original(x))
+    route_to(monkeypatch, backend)
     if replay_comm.replay == "python":  # (the C replay takes the communicator's MPI handle)
         replay_comm._ring.comm = RecordingComm(replay_comm._ring.comm, [], device_ok=path == "direct")
     replay_comm.device = backend
@@ -260,10 +264,10 @@ def test_device_replays_match_the_oracle(device_comm, algorithm):
             if backend.staged:  # the plans own their pinned blocks: nothing allocated
                 assert len(backend.engine.pinned_blocks) == pinned
             else:  # every step of every plan synchronized first
-                starts = sum(kind == START for plan in comm._cache.table.values() if type(plan) is Plan
+                starts = sum(kind == START for plan in comm._engine.cache.table.values() if type(plan) is Plan
                              for kind, _ in plan.actions)
                 assert backend.engine.syncs - syncs == starts
-    plans = [plan for plan in comm._cache.table.values() if type(plan) is Plan]
+    plans = [plan for plan in comm._engine.cache.table.values() if type(plan) is Plan]
     assert len(plans) == len(runs)  # every collective, device arrays and counts given: all planned
     for plan in plans:
         _assert_device_plan(plan, backend)
@@ -310,8 +314,6 @@ def test_device_results_and_persistent_requests(device_comm):
 def test_a_device_plan_is_not_replayed_on_another_path(device_comm, monkeypatch):
     """mpiring.gpu.device_backend reads MPIRING_CUDA_AWARE on every call: once device arrays take
     another path, their plan (a direct one hands MPI device memory) must not run."""
-    import mpiring.communicator as communicator
-
     comm = device_comm
     inputs = all_inputs(3, N, (N, 2), np.float64)
     x, out = to_device(inputs[RANK]), to_device(np.empty((N, 2)))
@@ -320,7 +322,7 @@ def test_a_device_plan_is_not_replayed_on_another_path(device_comm, monkeypatch)
     plan = comm.plan_of("allreduce", x, out)
     assert plan is not None and plan.backend is comm.device
     other = ipc_backend([])  # not plannable: every call on it goes through its own transfer
-    monkeypatch.setattr(communicator, "backend_for", lambda a: other if isinstance(a, FakeDeviceArray) else NUMPY)
+    route_to(monkeypatch, other)
     out[...] = 0
     assert comm.allreduce(x, out=out) is out
     assert_same(np.asarray(out), numpy_reduce("sum", inputs), "allreduce on another path")
@@ -391,7 +393,7 @@ def _fill_the_cache(comm):
 
 def test_eviction_bounds_the_cache_and_keeps_results_right(comm):
     arrays = _fill_the_cache(comm)
-    assert len(comm._cache) <= ENTRIES_KEPT
+    assert len(comm._engine.cache) <= ENTRIES_KEPT
     for k, a in enumerate(arrays):  # the first ones were evicted: recorded again, the rest replayed
         assert_same(comm.allreduce(a), np.full(k + 1, float(k * N)), f"layout {k}")
 
@@ -494,13 +496,13 @@ def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
     """Once planned, a compiled host call never reaches Python (compiled.shortcut), and counts
     its sequence number and traffic as a call in Python does."""
     in_python = []
-    original = mpiring.Communicator._blocking_in_python
+    original = Engine.run_in_python
 
     def counted(self, collective, *args):
         in_python.append(collective)
         return original(self, collective, *args)
 
-    monkeypatch.setattr(mpiring.Communicator, "_blocking_in_python", counted)
+    monkeypatch.setattr(Engine, "run_in_python", counted)
     x, out = rank_input(3, RANK, (5,), np.float64), np.empty(5)
     want = numpy_reduce("sum", all_inputs(3, N, (5,), np.float64))
     with mpiring.Communicator() as shortcut:
@@ -512,7 +514,7 @@ def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
         traffic = shortcut.traffic.bytes_sent, shortcut.traffic.messages
     assert in_python == ["allreduce", "barrier"] * 2  # seen once, then planned; then all in C
     with mpiring.Communicator() as plain:  # the same calls, each in Python
-        plain._blocking = plain._blocking_in_python
+        plain._blocking = plain._engine.run_in_python
         for _ in range(4):
             plain.allreduce(x, out=out, algorithm="ring")
             plain.barrier()

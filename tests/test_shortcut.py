@@ -1,6 +1,6 @@
 """The C replay on its own (engine/_replay.c, through mpiring.engine.compiled): a Program built
 from plain data, whose one exchange has no messages, bound to arrays; the Shortcut of a cached
-blocking call, with stand-ins for the ring and communicator; and a persistent request's C
+blocking call, with stand-ins for the ring and engine; and a persistent request's C
 start() and wait(). What they take, what they count, what they compute and what they hand back
 to Python are checked without peers; the MPI tests run them on real schedules (test_schedules.py,
 test_plans.py, test_timeouts.py)."""
@@ -50,9 +50,9 @@ class StandInRing:
         self.broken = None
 
 
-class StandInCommunicator:
+class StandInEngine:
     timeout: float | None = None
-    _freed = False
+    freed = False
 
 
 class Rig:
@@ -70,10 +70,10 @@ class Rig:
             return made[-1]
 
         self.program = program(works=works or (add(),), allocate=None if out_given else allocate)
-        self.ring, self.communicator = StandInRing(), StandInCommunicator()
+        self.ring, self.engine = StandInRing(), StandInEngine()
         self.table = {self.key(self.x, self.out if out_given else None): self.program}
         self.in_python, self.after = [], []
-        self.shortcut = compiled.shortcut(self.table, self.ring, self.communicator, self._in_python, self._after,
+        self.shortcut = compiled.shortcut(self.table, self.ring, self.engine, self._in_python, self._after,
                                           YIELD)
 
     def key(self, x, out, op="sum"):
@@ -204,7 +204,7 @@ def test_work_that_raises_is_handed_to_python_with_the_spin_and_the_binding() ->
     assert program_ is rig.program and stopped is None and spin == -1.0  # no timeout: MPI_Waitall
     assert isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
     assert seen == [(rig.x, rig.out)]  # work done in Python sees the bound arrays
-    rig.communicator.timeout = 5.0
+    rig.engine.timeout = 5.0
     rig.call()
     assert rig.after[1][2] == YIELD  # the spin is the timeout, at most YIELD
     assert rig.ring.calls == 2  # the call counted, as a Python call that raised counts
@@ -216,7 +216,7 @@ def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.M
     def in_python(*args):
         return args
 
-    assert compiled.shortcut({}, StandInRing(), StandInCommunicator(), in_python, None, YIELD) is in_python
+    assert compiled.shortcut({}, StandInRing(), StandInEngine(), in_python, None, YIELD) is in_python
 
 
 # ---- what a Program computes: exactly NumPy's results ----
@@ -330,7 +330,7 @@ class StandInCall:
 class PersistentRig:
     def __init__(self, prologue=(), exchanges=1) -> None:
         self.works = []
-        self.request, self.ring, self.communicator = StandInRequest(), StandInRing(), StandInCommunicator()
+        self.request, self.ring, self.engine = StandInRequest(), StandInRing(), StandInEngine()
         self.result = np.zeros(2)
         self.program = program(works=(lambda: self.works.append("after"),),
                                during=(lambda: self.works.append("during"),), prologue=prologue, exchanges=exchanges,
@@ -339,7 +339,7 @@ class PersistentRig:
         self.program.bind(None, self.result, 0, self.result.__array_interface__["data"][0])
         self.call = StandInCall()
         self.call.step = 3
-        self.start, self.wait = compiled.persistent_shortcut(self.request, self.communicator, self.ring, self.program,
+        self.start, self.wait = compiled.persistent_shortcut(self.request, self.engine, self.ring, self.program,
                                                              self.call, -1.0)
 
 
@@ -406,7 +406,7 @@ def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> 
     elif change == "another thread":
         rig.ring.served += 1
     elif change == "communicator freed":
-        rig.communicator._freed = True
+        rig.engine.freed = True
     elif change == "ring broken":
         rig.ring.broken = "an earlier call timed out"
     elif change == "program released":

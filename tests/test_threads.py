@@ -57,7 +57,7 @@ def test_a_second_thread_sees_the_same_refusal_on_every_way_in():
     thread.start()
     thread.join()
     assert outcomes == ["ConcurrentUseError"] * 5, outcomes
-    assert not comm._freed and comm._ring.failures == 0
+    assert not comm._engine.freed and comm._ring.failures == 0
     for attempt in (lambda: comm.allreduce(x, out=out), request.start):  # the owner's next calls: broken
         with pytest.raises(mpiring.CommunicatorBrokenError):
             attempt()

@@ -8,6 +8,8 @@
 - `waiting`: the one place that waits: timeouts, the watch for another call's messages, notices.
 - `plan`: a call's schedule recorded once (persistent requests bound to the real buffers, the
   arithmetic with its functions resolved), and the per-communicator cache of plans.
+- `engine`: `Engine`, one per communicator: a call's lookup, recording and replay behind `run`,
+  `start`, `persistent` and `free` (the Communicator only checks arguments).
 - `executor`: runs a call: an unplanned call's generator (blocking, or nonblocking through a
   `CollectiveRequest`), a plan to the end, or a persistent request start by start.
 

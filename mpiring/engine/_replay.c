@@ -913,7 +913,7 @@ static PyObject *result_of(Program *p) {
 }
 
 /*
- * A blocking host call whose schedule is cached, taken without running Python (communicator.py).
+ * A blocking host call whose schedule is cached, taken without running Python (engine/engine.py).
  *
  *   comm.allreduce(x, out=y) ─► Shortcut(collective, x, out, op, root, counts, algorithm, timeout)
  *       the key: (collective, op, root, counts, algorithm, x.dtype, x.shape, out.dtype, out.shape,
@@ -949,7 +949,7 @@ typedef struct {
     PyObject *ring;         /* served and calls */
     PyObject *in_flight;    /* ring.in_flight */
     PyObject *traffic;      /* ring.traffic */
-    PyObject *communicator; /* its timeout */
+    PyObject *engine; /* the communicator's Engine: its timeout */
     PyTypeObject *ndarray;  /* numpy.ndarray: only its exact instances are bound here */
     PyObject *in_python;    /* the call in Python */
     PyObject *after;        /* where Python takes over a run that stopped or raised */
@@ -982,9 +982,9 @@ static int describe(Shortcut *self, PyObject *array, PyObject **dtype, PyObject 
 }
 
 /* The thread the ring serves calls (`owned`), and how long a wait of its calls spins (from the
-   communicator's timeout): 1, else 0. */
+   engine's timeout): 1, else 0. */
 static int spin_for(Shortcut *self, double *spin) {
-    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->communicator, s_timeout) : NULL;
+    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->engine, s_timeout) : NULL;
     if (timeout == NULL)
         return 0;
     *spin = -1.0;
@@ -1269,10 +1269,10 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
 }
 
 static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
-    PyObject *table, *ring, *communicator, *ndarray, *in_python, *after;
+    PyObject *table, *ring, *engine, *ndarray, *in_python, *after;
     double yield_seconds;
-    static char *names[] = {"table", "ring", "communicator", "ndarray", "in_python", "after", "yield_seconds", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOd", names, &PyDict_Type, &table, &ring, &communicator,
+    static char *names[] = {"table", "ring", "engine", "ndarray", "in_python", "after", "yield_seconds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOd", names, &PyDict_Type, &table, &ring, &engine,
                                      &PyType_Type, &ndarray, &in_python, &after, &yield_seconds))
         return -1;
     PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
@@ -1284,9 +1284,9 @@ static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
     }
     ok = ok && offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0;
     if (ok) {
-        PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
+        PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->engine,
                               (PyObject **)&self->ndarray, &self->in_python, &self->after};
-        PyObject *given[] = {table, ring, in_flight, traffic, communicator, ndarray, in_python, after};
+        PyObject *given[] = {table, ring, in_flight, traffic, engine, ndarray, in_python, after};
         for (int i = 0; i < 8; i++)
             Py_XSETREF(*slots[i], Py_NewRef(given[i]));
         self->yield_seconds = yield_seconds;
@@ -1297,7 +1297,7 @@ static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
 }
 
 static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
-    PyObject *held[] = {self->table, self->ring, self->in_flight, self->traffic, self->communicator,
+    PyObject *held[] = {self->table, self->ring, self->in_flight, self->traffic, self->engine,
                         (PyObject *)self->ndarray, self->in_python, self->after, (PyObject *)self->memo};
     for (int i = 0; i < 9; i++)
         Py_VISIT(held[i]);
@@ -1307,7 +1307,7 @@ static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
 }
 
 static int shortcut_clear(Shortcut *self) {
-    PyObject **held[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->communicator,
+    PyObject **held[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->engine,
                          (PyObject **)&self->ndarray, &self->in_python, &self->after, (PyObject **)&self->memo};
     for (int i = 0; i < 9; i++)
         Py_CLEAR(*held[i]);
@@ -1336,7 +1336,7 @@ static PyTypeObject ShortcutType = {
     .tp_name = "mpiring.engine._replay.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Shortcut(table, ring, communicator, ndarray, in_python, after, yield_seconds): a blocking call "
+    .tp_doc = "Shortcut(table, ring, engine, ndarray, in_python, after, yield_seconds): a blocking call "
               "whose schedule is compiled and cached, run without entering Python",
     .tp_new = shortcut_new,
     .tp_init = (initproc)shortcut_init,
@@ -1381,7 +1381,7 @@ enum { BOUND_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE };
 
 typedef struct {
     PyObject_HEAD
-    PyObject *request, *communicator, *ring, *in_flight, *traffic, *program, *call;
+    PyObject *request, *engine, *ring, *in_flight, *traffic, *program, *call;
     PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
     double spin;                  /* as PersistentRequest._spin */
     Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], step_at, number_at;
@@ -1421,9 +1421,9 @@ static int still_bound(Persistent *self) {
     return p->nroots >= 2 && root_unchanged(p, 0, &self->bound[0]) && root_unchanged(p, 1, &self->bound[1]);
 }
 
-/* The communicator not freed and its ring not broken (Communicator._usable); 0 also if unreadable. */
+/* The engine not freed and its ring not broken (Engine._usable); 0 also if unreadable. */
 static int usable(Persistent *self) {
-    PyObject *freed = PyObject_GetAttr(self->communicator, s_freed);
+    PyObject *freed = PyObject_GetAttr(self->engine, s_freed);
     PyObject *broken = freed == Py_False ? PyObject_GetAttr(self->ring, s_broken) : NULL;
     int yes = broken == Py_None;
     Py_XDECREF(freed);
@@ -1519,10 +1519,10 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
 }
 
 static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
-    PyObject *request, *communicator, *ring, *program, *call;
+    PyObject *request, *engine, *ring, *program, *call;
     double spin;
-    static char *names[] = {"request", "communicator", "ring", "program", "call", "spin", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!Od", names, &request, &communicator, &ring, &ProgramType,
+    static char *names[] = {"request", "engine", "ring", "program", "call", "spin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!Od", names, &request, &engine, &ring, &ProgramType,
                                      &program, &call, &spin))
         return -1;
     PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
@@ -1540,9 +1540,9 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
     for (int i = 0; ok && i < HANDLERS; i++)
         ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
     if (ok) {
-        PyObject **slots[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
+        PyObject **slots[] = {&self->request, &self->engine, &self->ring, &self->in_flight, &self->traffic,
                               &self->program, &self->call};
-        PyObject *given[] = {request, communicator, ring, in_flight, traffic, program, call};
+        PyObject *given[] = {request, engine, ring, in_flight, traffic, program, call};
         for (int i = 0; i < 7; i++)
             Py_XSETREF(*slots[i], Py_NewRef(given[i]));
         for (int i = 0; i < HANDLERS; i++)
@@ -1563,7 +1563,7 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
 }
 
 static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
-    PyObject *held[] = {self->request, self->communicator, self->ring, self->in_flight, self->traffic, self->program,
+    PyObject *held[] = {self->request, self->engine, self->ring, self->in_flight, self->traffic, self->program,
                         self->call};
     for (int i = 0; i < 7; i++)
         Py_VISIT(held[i]);
@@ -1573,7 +1573,7 @@ static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
 }
 
 static int persistent_clear(Persistent *self) {
-    PyObject **held[] = {&self->request, &self->communicator, &self->ring, &self->in_flight, &self->traffic,
+    PyObject **held[] = {&self->request, &self->engine, &self->ring, &self->in_flight, &self->traffic,
                          &self->program, &self->call};
     for (int i = 0; i < 7; i++)
         Py_CLEAR(*held[i]);
@@ -1601,7 +1601,7 @@ static PyTypeObject PersistentType = {
     .tp_name = "mpiring.engine._replay.PersistentShortcut",
     .tp_basicsize = sizeof(Persistent),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "PersistentShortcut(request, communicator, ring, program, call, spin): a compiled persistent "
+    .tp_doc = "PersistentShortcut(request, engine, ring, program, call, spin): a compiled persistent "
               "request's start() and wait() in C where its lean path holds, else its own methods",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)persistent_init,
@@ -1664,7 +1664,7 @@ static int intern_names(void) {
     return (s_served = PyUnicode_InternFromString("served")) && (s_shape = PyUnicode_InternFromString("shape")) &&
                    (s_dtype = PyUnicode_InternFromString("dtype")) &&
                    (s_timeout = PyUnicode_InternFromString("timeout")) && (s_calls = PyUnicode_InternFromString("calls")) &&
-                   (s_freed = PyUnicode_InternFromString("_freed")) &&
+                   (s_freed = PyUnicode_InternFromString("freed")) &&
                    (s_broken = PyUnicode_InternFromString("broken")) && (one = PyLong_FromLong(1)) &&
                    (zero = PyLong_FromLong(0))
                ? 0

@@ -261,21 +261,24 @@ def start(program: Any, index: int) -> None:
         raise MPI.Exception(code)
 
 
-def shortcut(table: dict, ring: Any, communicator: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
+def shortcut(table: dict, ring: Any, engine: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
     """A blocking call that takes a compiled schedule from `table` (layout key -> Program) without
     running Python (`Shortcut` in _replay.c), and otherwise calls `in_python` with the same
-    arguments; `in_python` itself where the extension was not built or cannot reach the MPI library."""
+    arguments; `in_python` itself where the extension was not built or cannot reach the MPI library.
+    It reads `engine.timeout` (the default timeout) and `ring.served`, and hands a call that stopped
+    or raised to `after` (Engine._after_shortcut)."""
     if not available():
         return in_python
-    return _replay.Shortcut(table, ring, communicator, np.ndarray, in_python, after, yield_seconds)
+    return _replay.Shortcut(table, ring, engine, np.ndarray, in_python, after, yield_seconds)
 
 
-def persistent_shortcut(request: Any, communicator: Any, ring: Any, program: Any, call: Any,
+def persistent_shortcut(request: Any, engine: Any, ring: Any, program: Any, call: Any,
                         spin: float) -> tuple | None:
     """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
-    handing what it does not take to the request's own method; None where there is no program."""
+    handing what it does not take to the request's own method (it reads `engine.freed`); None where
+    there is no program."""
     if not available() or program is None:
         return None
-    made = _replay.PersistentShortcut(request, communicator, ring, program, call, spin)
+    made = _replay.PersistentShortcut(request, engine, ring, program, call, spin)
     return made.start, made.wait
 

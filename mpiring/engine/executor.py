@@ -420,13 +420,13 @@ class PersistentRequest:
                                 f"made read-only since this persistent request was made (now {_described(array)}): "
                                 "its runs read and write the memory it had then; make a new request")
 
-    def take_shortcut(self, communicator: Any) -> None:
+    def take_shortcut(self, engine: Any) -> None:
         """Start and wait in C where they can (a compiled schedule or plan, the lean paths below;
         its communicator checked as `started` checks it, which must not compare calls, MPIRING_CHECK)."""
         recorded = self._recorded
         if recorded is not None and recorded.length is not None:
             self.start, self.wait = compiled.persistent_shortcut(
-                self, communicator, self._ring, recorded.compiled, self._call, self._spin) or (self.start, self.wait)
+                self, engine, self._ring, recorded.compiled, self._call, self._spin) or (self.start, self.wait)
 
     @property
     def arrays(self) -> tuple:
