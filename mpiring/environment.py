@@ -5,6 +5,8 @@
     MPIRING_CHECK              yes/no            a Communicator is made       consistency checks (reliability.md)
     MPIRING_ALGO               algorithm names   import, Communicator made    algorithm overrides (mpiring.selection)
     MPIRING_DEBUG              yes/no            import, Communicator made    say which algorithm and path ran
+    MPIRING_SWITCH_POINTS      a JSON file       import, Communicator made    switch points replacing auto's rows
+                                                                               (mpiring.selection, docs/tuning.md)
     MPIRING_CUDA_AWARE         yes/no            a device buffer's first use  device pointers may go to MPI
     MPIRING_GPU_IPC            yes/no            a device buffer's first use  node-local device buffers by CUDA IPC
     MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
