@@ -17,6 +17,7 @@ on every call: small collectives are paid in Python time).
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
@@ -180,7 +181,9 @@ def load_switch_points(path: str) -> tuple[dict, dict]:
 
 def _check_names() -> None:
     """Every algorithm a MPIRING_SWITCH_POINTS row names exists for its collective."""
-    from mpiring.algorithms import ALGORITHMS
+    # mpiring.algorithms imports this module: look its table up where the import left it (it
+    # has loaded by the time anything chooses) rather than import it back.
+    ALGORITHMS = importlib.import_module("mpiring.algorithms").ALGORITHMS  # noqa: N806
 
     parts = (("switch_points", _tables["flat"], ()), ("node_switch_points", _tables["node"], (FLAT,)))
     for part, table, extra in parts:
