@@ -1,4 +1,4 @@
-"""A tour of mpiring's eight collectives on small arrays, printed rank by rank.
+"""A tour of every mpiring collective on small arrays, printed rank by rank.
 
     mpirun -n 4 python examples/collectives_tour.py
 """
@@ -36,9 +36,16 @@ def main() -> None:
     data = np.arange(2 * n + 1) if r == 0 else None
     show(comm, f"scatter(arange({2 * n + 1}), root=0): array_split parts", comm.scatter(data, root=0))
     show(comm, "reduce_scatter(ones(2n+1) * r): part r of the sum", comm.reduce_scatter(np.ones(2 * n + 1) * r))
+    show(comm, "alltoall(arange(n) + 10r): block j of rank i goes to rank j", comm.alltoall(np.arange(n) + 10 * r))
+    counts = [j % 2 + 1 for j in range(n)]  # rank r sends 1 row to even ranks, 2 to odd ones
+    mine = np.arange(sum(counts)) + 10 * r
+    show(comm, f"alltoallv(x, send_counts={counts}): uneven blocks", comm.alltoallv(mine, counts))
+    show(comm, "scan(x, 'sum'): the sum over ranks 0..r", comm.scan(x, "sum"))
+    show(comm, "exscan(x, 'sum'): the sum over ranks 0..r-1 (rank 0: None)", comm.exscan(x, "sum"))
     comm.traffic.reset()
     comm.barrier()
-    show(comm, "barrier(): a token twice around the ring; messages sent", comm.traffic.messages)
+    # auto runs the dissemination barrier: ceil(lg n) rounds, one message sent and one received in each
+    show(comm, "barrier(): dissemination, ceil(lg n) rounds; messages handed to MPI", comm.traffic.messages)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""mpiring: every MPI collective as a ring of mpi4py point-to-point messages.
+"""mpiring: MPI's collectives from mpi4py point-to-point messages (rings, trees and more).
 
     import mpiring
     comm = mpiring.Communicator()            # COMM_WORLD, or Communicator(any intracomm)

@@ -662,16 +662,19 @@ class Request:
 
     @staticmethod
     def Waitall(requests: Sequence[Request], statuses: Any = None) -> bool:
+        """Wait() for every request, in order; `statuses` is accepted and left untouched."""
         for request in requests:
             request.Wait()
         return True
 
     @staticmethod
     def Testall(requests: Sequence[Request], statuses: Any = None) -> bool:
+        """Test() every request (each advances); True once all are done."""
         return all([request.Test() for request in requests])  # a list: every request advances
 
     @staticmethod
     def Startall(requests: Sequence[Request]) -> None:
+        """Start() every persistent request, in order."""
         for request in requests:
             request.Start()
 
@@ -698,9 +701,11 @@ class BufferAPI:
     # ---- communicator ----
 
     def Get_rank(self) -> int:
+        """This rank's number in the communicator (`comm.rank`)."""
         return self.rank
 
     def Get_size(self) -> int:
+        """The number of ranks (`comm.size`)."""
         return self.size
 
     def Dup(self, info: Any = None) -> Any:
@@ -709,6 +714,7 @@ class BufferAPI:
         return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None)
 
     def Free(self) -> None:
+        """Release the communicator (mpiring's `free()`; collective)."""
         self.free()
 
     # ---- the calls: each parses its specs, then runs as blocking, I-form or persistent ----
@@ -985,32 +991,41 @@ class BufferAPI:
         self._run(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
 
     def Barrier(self) -> None:
+        """Return once every rank has entered (mpiring's `barrier`)."""
         self.barrier()
 
     # ---- nonblocking: the result is in the receive buffer once Wait() returns or Test() is True ----
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
+        """Nonblocking Bcast: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_bcast(buf, root))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> Request:
+        """Nonblocking Reduce: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_reduce(sendbuf, recvbuf, op, root))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Nonblocking Allreduce: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_allreduce(sendbuf, recvbuf, op))
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        """Nonblocking Gather: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_gather(sendbuf, recvbuf, root))
 
     def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        """Nonblocking Gatherv: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_gatherv(sendbuf, recvbuf, root))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
+        """Nonblocking Allgather: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_allgather(sendbuf, recvbuf))
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:
+        """Nonblocking Allgatherv: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_allgatherv(sendbuf, recvbuf))
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        """Nonblocking Scatter: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_scatter(sendbuf, recvbuf, root))
 
     def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
@@ -1018,6 +1033,7 @@ class BufferAPI:
         return self._irun(self._parse_scatterv(sendbuf, recvbuf, root))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Nonblocking Reduce_scatter_block: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_reduce_scatter_block(sendbuf, recvbuf, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM) -> Request:
@@ -1025,76 +1041,99 @@ class BufferAPI:
         return self._irun(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op))
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
+        """Nonblocking Alltoall: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_alltoall(sendbuf, recvbuf))
 
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
+        """Nonblocking Alltoallv: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_alltoallv(sendbuf, recvbuf))
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:
+        """Nonblocking Alltoallw: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_alltoallw(sendbuf, recvbuf))
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Nonblocking Scan: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_scan(sendbuf, recvbuf, op, "scan"))
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Nonblocking Exscan: the result is in the receive buffer once Wait() returns."""
         return self._irun(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
 
     def Ibarrier(self) -> Request:
+        """Nonblocking Barrier: Wait() returns once every rank has entered."""
         return Request(self.ibarrier(), None)
 
     # ---- persistent (MPI-4): Start() and Wait() per use; the buffers are bound at init ----
 
     def Bcast_init(self, buf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Bcast: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_bcast(buf, root), info)
 
     def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,
                     info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Reduce: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_reduce(sendbuf, recvbuf, op, root), info)
 
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Allreduce: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_allreduce(sendbuf, recvbuf, op), info)
 
     def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Gather: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_gather(sendbuf, recvbuf, root), info)
 
     def Gatherv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Gatherv: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_gatherv(sendbuf, recvbuf, root), info)
 
     def Allgather_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Allgather: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_allgather(sendbuf, recvbuf), info)
 
     def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Allgatherv: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_allgatherv(sendbuf, recvbuf), info)
 
     def Scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Scatter: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_scatter(sendbuf, recvbuf, root), info)
 
     def Scatterv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Scatterv: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_scatterv(sendbuf, recvbuf, root), info)
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                   info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Reduce_scatter_block: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_reduce_scatter_block(sendbuf, recvbuf, op), info)
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
                             info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Reduce_scatter: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op), info)
 
     def Alltoall_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Alltoall: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_alltoall(sendbuf, recvbuf), info)
 
     def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Alltoallv: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_alltoallv(sendbuf, recvbuf), info)
 
     def Alltoallw_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Alltoallw: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_alltoallw(sendbuf, recvbuf), info)
 
     def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Scan: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_scan(sendbuf, recvbuf, op, "scan"), info)
 
     def Exscan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Exscan: buffers bound now; Start() and Wait() per use."""
         return self._init(self._parse_scan(sendbuf, recvbuf, op, "exscan"), info)
 
     def Barrier_init(self, info: Any = MPI.INFO_NULL) -> Request:
+        """Persistent Barrier: Start() and Wait() per use."""
         _check_info("Barrier_init", info)
         return Request(self.barrier_init(), None)

@@ -5,8 +5,10 @@
     MPIRING_CHECK              yes/no            a Communicator is made       consistency checks (reliability.md)
     MPIRING_ALGO               algorithm names   import, Communicator made    algorithm overrides (mpiring.selection)
     MPIRING_DEBUG              yes/no            import, Communicator made    say which algorithm and path ran
-    MPIRING_CUDA_AWARE         yes/no            a device buffer's first use  device pointers may go to MPI
-    MPIRING_GPU_IPC            yes/no            a device buffer's first use  node-local device buffers by CUDA IPC
+    MPIRING_SWITCH_POINTS      a JSON file       import, Communicator made    switch points replacing auto's rows
+                                                                               (mpiring.selection, docs/tuning.md)
+    MPIRING_CUDA_AWARE         yes/no            every device call            device pointers may go to MPI
+    MPIRING_GPU_IPC            yes/no            every device call            node-local device buffers by CUDA IPC
     MPIRING_GPU_SEGMENT_BYTES  positive integer  a staged backend is made     segment size of staged transfers
     MPIRING_GPU_HOST_BYTES     integer >= 0      a device backend is made     largest device message run on host
                                                                                copies (mpiring.gpu.host_route; 0: none)

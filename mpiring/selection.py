@@ -4,16 +4,25 @@ on the project's machine; docs/algorithms.md shows the measurements behind them.
 
 Overrides, strongest first: `algorithm=` on the call; the MPIRING_ALGO environment variable
 (one name for every collective that has it, or "allreduce=ring,broadcast=binomial");
-then this table. MPIRING_DEBUG=1 prints, once per collective and choice, which algorithm ran
-and why. Both variables are read when mpiring is imported and again whenever a Communicator is
-created (not on every call: small collectives are paid in Python time).
+then these tables, where MPIRING_SWITCH_POINTS names a JSON file whose tables replace the
+rows of the collectives it names (docs/tuning.md):
+
+    {"switch_points": {"allreduce": [[null, 65536, "recursive_doubling"], [null, null, "ring"]]},
+     "node_switch_points": {"allreduce": [[null, "flat"]]}}
+
+MPIRING_DEBUG=1 prints, once per collective and choice, which algorithm ran and why. These
+variables are read when mpiring is imported and again whenever a Communicator is created (not
+on every call: small collectives are paid in Python time).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import sys
 
 from mpiring import environment
+from mpiring.errors import ArgumentError
 from mpiring.topology import NodeMap
 
 AUTO = "auto"
@@ -98,23 +107,130 @@ ACROSS_NODES_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
 _announced: set[tuple[str, str]] = set()
 _environment = {"algo": "", "debug": False}
 
+SWITCH_POINTS_VARIABLE = "MPIRING_SWITCH_POINTS"
+# The tables in force: SWITCH_POINTS and NODE_SWITCH_POINTS with the rows MPIRING_SWITCH_POINTS
+# replaces. The file is read by read_environment; its algorithm names are checked once
+# mpiring.algorithms has loaded (at import, this module loads before it), else at the first choice.
+_tables: dict = {"file": "", "flat": SWITCH_POINTS, "node": NODE_SWITCH_POINTS, "across": ACROSS_NODES_SWITCH_POINTS,
+                 "checked": True}
+
 
 def read_environment() -> None:
-    """Take MPIRING_ALGO and MPIRING_DEBUG from the environment as it is now."""
+    """Take MPIRING_ALGO, MPIRING_DEBUG and MPIRING_SWITCH_POINTS from the environment as it is now."""
     _environment["algo"] = environment.text("MPIRING_ALGO")
     _environment["debug"] = bool(environment.flag("MPIRING_DEBUG", "mpiring"))
+    path = environment.text(SWITCH_POINTS_VARIABLE)
+    if not path:
+        _tables.update(file="", flat=SWITCH_POINTS, node=NODE_SWITCH_POINTS, across=ACROSS_NODES_SWITCH_POINTS,
+                       checked=True)
+        return
+    flat, node, across = load_switch_points(path)
+    _tables.update(file=path, flat={**SWITCH_POINTS, **flat}, node={**NODE_SWITCH_POINTS, **node},
+                   across={**ACROSS_NODES_SWITCH_POINTS, **across}, checked=False)
+    algorithms = sys.modules.get("mpiring.algorithms")
+    if getattr(algorithms, "ALGORITHMS", None) is not None:
+        _check_names()
+
+
+def switch_points() -> tuple[dict, dict, dict]:
+    """The tables `auto` follows now: (flat, node-aware, across nodes), MPIRING_SWITCH_POINTS's
+    rows in place."""
+    if not _tables["checked"]:
+        _check_names()
+    return _tables["flat"], _tables["node"], _tables["across"]
+
+
+def _refuse(problem: str) -> ArgumentError:
+    return ArgumentError("mpiring", SWITCH_POINTS_VARIABLE, problem)
+
+
+def _bound(value: object, where: str, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _refuse(f"{where}: {what} must be a whole number >= 0 or null, got {value!r}")
+    return value
+
+
+def load_switch_points(path: str) -> tuple[dict, dict, dict]:
+    """The tables of a MPIRING_SWITCH_POINTS file, their shape checked (ArgumentError naming the
+    variable, the file and the row): {"switch_points": {collective: [[most ranks, largest bytes,
+    algorithm], ...]}, "node_switch_points": {collective: [[largest bytes, algorithm], ...]},
+    "across_nodes_switch_points": {likewise}}.
+    Either part may be left out. A flat table must end with a row open in every bound; where no
+    row of a node-aware table holds, the flat table chooses, as for "flat"."""
+    try:
+        with open(path) as file:
+            data = json.load(file)
+    except OSError as error:
+        raise _refuse(f"cannot read {path!r}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise _refuse(f"{path!r} is not JSON: {error}") from None
+    parts = ("switch_points", "node_switch_points", "across_nodes_switch_points")
+    if not isinstance(data, dict):
+        raise _refuse(f"{path!r} must hold a JSON object with any of {', '.join(parts)}")
+    unknown = sorted(set(data) - set(parts))
+    if unknown:
+        raise _refuse(f"{path!r}: unknown key(s) {unknown}; expected any of {', '.join(parts)}")
+    tables: list[dict] = []
+    for part, known, width in (("switch_points", SWITCH_POINTS, 3), ("node_switch_points", SWITCH_POINTS, 2),
+                               ("across_nodes_switch_points", SWITCH_POINTS, 2)):
+        table = data.get(part, {})
+        if not isinstance(table, dict):
+            raise _refuse(f"{path!r}: \"{part}\" must map collective names to lists of rows")
+        parsed: dict = {}
+        for collective, rows in table.items():
+            where = f"{path!r}, {part}.{collective}"
+            if collective not in known:
+                raise _refuse(f"{where}: unknown collective; expected one of {', '.join(known)}")
+            if not isinstance(rows, list) or not rows:
+                raise _refuse(f"{where}: must be a non-empty list of rows")
+            parsed[collective] = []
+            for index, row in enumerate(rows):
+                shape = "[most ranks, largest bytes, algorithm]" if width == 3 else "[largest bytes, algorithm]"
+                if not isinstance(row, list) or len(row) != width or not isinstance(row[-1], str):
+                    raise _refuse(f"{where}[{index}]: a row is {shape}, got {row!r}")
+                if width == 3:
+                    parsed[collective].append((_bound(row[0], f"{where}[{index}]", "most ranks"),
+                                               _bound(row[1], f"{where}[{index}]", "largest bytes"), row[2]))
+                else:
+                    parsed[collective].append((_bound(row[0], f"{where}[{index}]", "largest bytes"), row[1]))
+            if width == 3 and any(bound is not None for bound in parsed[collective][-1][:-1]):
+                raise _refuse(f"{where}: the last row must be open (null bounds), so that every case has an algorithm")
+        tables.append(parsed)
+    return tables[0], tables[1], tables[2]
+
+
+def _check_names() -> None:
+    """Every algorithm a MPIRING_SWITCH_POINTS row names exists for its collective."""
+    # mpiring.algorithms imports this module: look its table up where the import left it (it
+    # has loaded by the time anything chooses) rather than import it back.
+    ALGORITHMS = importlib.import_module("mpiring.algorithms").ALGORITHMS  # noqa: N806
+
+    parts = (("switch_points", _tables["flat"], ()), ("node_switch_points", _tables["node"], (FLAT,)),
+             ("across_nodes_switch_points", _tables["across"], ()))
+    for part, table, extra in parts:
+        for collective, rows in table.items():
+            for index, row in enumerate(rows):
+                name = row[-1]
+                if name not in ALGORITHMS[collective] and name not in extra:
+                    known = ", ".join([*ALGORITHMS[collective], *extra])
+                    raise _refuse(f"{_tables['file']!r}, {part}.{collective}[{index}]: unknown algorithm {name!r} "
+                                  f"for {collective}; expected one of {known}")
+    _tables["checked"] = True
 
 
 def _switch(collective: str, nbytes: int, world_size: int, nodes: NodeMap | None = None) -> tuple[str, str]:
+    flat_table, node_table, across_table = switch_points()
     if nodes is not None and len(nodes.nodes) > 1:
-        table = NODE_SWITCH_POINTS if nodes.hierarchical else ACROSS_NODES_SWITCH_POINTS
+        table = node_table if nodes.hierarchical else across_table
         for largest, algorithm in table.get(collective, ()):
             if largest is None or nbytes <= largest:
                 if algorithm != FLAT:
                     size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
                     return algorithm, f"auto: {size}, {nodes.describe()}"
                 break
-    for most_ranks, largest, algorithm in SWITCH_POINTS[collective]:
+    for most_ranks, largest, algorithm in flat_table[collective]:
         if (most_ranks is None or world_size <= most_ranks) and (largest is None or nbytes <= largest):
             ranks = "any number of ranks" if most_ranks is None else f"{world_size} ranks <= {most_ranks}"
             size = "any size" if largest is None else f"{nbytes} B <= {largest} B"
@@ -135,7 +251,7 @@ def auto_choice(collective: str, nbytes: int, world_size: int, nodes: NodeMap | 
 def across_choice(collective: str, nbytes: int, world_size: int) -> str:
     """The flat algorithm `auto` picks for ranks each on a node of its own: what node-aware
     algorithms run across nodes (ACROSS_NODES_SWITCH_POINTS, else the one-node choice)."""
-    for largest, algorithm in ACROSS_NODES_SWITCH_POINTS.get(collective, ()):
+    for largest, algorithm in switch_points()[2].get(collective, ()):
         if largest is None or nbytes <= largest:
             return algorithm
     return flat_choice(collective, nbytes, world_size)

@@ -1,7 +1,9 @@
 """The documentation against the code: every relative link resolves, every environment variable
 is documented, the commands and code in the docs parse, the README's example runs at 2 ranks, its
-headline figures are on the pages they cite, the changelog has the current version, and the text
-speaks of the project rather than of how it was made. Serial; a few seconds."""
+headline figures are in the sections they cite, a figure quoted as a link is in the section it
+links to, benchmarks.md's efficiency sentence is its tables', the guides exist and are linked,
+the API reference is current with the docstrings, the changelog has the current version, and the
+text speaks of the project rather than of how it was made. Serial; a few seconds."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from statistics import median
 
 import pytest
 
@@ -167,19 +170,122 @@ def test_the_readme_example_runs_at_two_ranks(tmp_path):
         assert printed.startswith(f"{rank} [1. 3. 5. 7.] (2, 4) [[2. 2.]] [1. 2. 3. 4.]"), printed
 
 
+def section_of(path: pathlib.Path, anchor: str) -> str:
+    """The text under the heading whose anchor is `anchor`, up to the next heading of its level or
+    above (the whole page without an anchor)."""
+    if not anchor:
+        return path.read_text()
+    lines, taken, level, seen = path.read_text().splitlines(), [], 0, {}
+    fenced = False
+    for line in lines:
+        if FENCE.match(line):
+            fenced = not fenced
+        match = None if fenced else HEADING.match(line)
+        if match:
+            depth = len(line) - len(line.lstrip("#"))
+            base = slug(match[1])
+            name = f"{base}-{seen[base]}" if base in seen else base
+            seen[base] = seen.get(base, 0) + 1
+            if level and depth <= level:
+                break
+            if name == anchor:
+                level = depth
+        if level:
+            taken.append(line)
+    assert taken, f"no heading #{anchor} in {path.relative_to(ROOT)}"
+    return "\n".join(taken)
+
+
+FIGURE = re.compile(r"\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+")
+
+
 def test_the_headline_figures_come_from_the_pages_they_cite():
-    """Each row of the README's results table links to where its figures were measured; every
-    decimal number in the row must still be there. After regenerating a page, update the row."""
+    """Each row of the README's results tables links to the section where its figures were
+    measured; every decimal number in the row must still be in that section. After regenerating
+    a page, update the row."""
     section = README.read_text().split("\n## How fast", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "](" in line]
-    assert len(rows) >= 5
+    assert len(rows) >= 10
     for row in rows:
         figures, _, sources = row.rpartition("| [")
-        targets = re.findall(r"\]\(([^)#]+)", sources)
-        text = "".join((README.parent / target).read_text() for target in set(targets))
+        targets = set(re.findall(r"\]\(([^)]+)\)", "[" + sources))
+        text = "".join(section_of(README.parent / target.partition("#")[0], target.partition("#")[2])
+                       for target in targets)
         figures = re.sub(r"\b\d+\.\d+\.\d+\b", "", figures)  # versions are not figures
-        for figure in re.findall(r"\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+", figures):
-            assert figure in text, f"{figure} is not in {sorted(set(targets))}: {row}"
+        for figure in FIGURE.findall(figures):
+            assert figure in text, f"{figure} is not in {sorted(targets)}: {row}"
+
+
+# A figure quoted away from the page that measured it is written as a link to the section that
+# did: [1.10 us](engine.md#where-...). The figures of such a link must be in that section.
+QUOTED = re.compile(r"\[(\d[\d,.]*(?:-\d[\d,.]*)?(?:\s*(?:us|ms|s|GB/s|x|%))?)\]\(([^)\s]+)\)")
+
+
+def test_quoted_figures_equal_their_source():
+    """A figure quoted outside the results pages as a link, `[1.10 us](engine.md#...)`, is in the
+    section it links to: one truth per figure, and the quote follows it."""
+    quoted, wrong = 0, []
+    for page in PAGES:
+        for number, line in outside_code_blocks(page):
+            for text, target in QUOTED.findall(re.sub(r"`[^`]*`", "``", line)):
+                file, _, anchor = target.partition("#")
+                source = (page.parent / file).resolve() if file else page
+                quoted += 1
+                body = section_of(source, anchor)
+                for figure in re.findall(r"\d[\d,]*(?:\.\d+)?", text):
+                    if figure not in body:
+                        wrong.append(f"{page.relative_to(ROOT)}:{number}: {figure} is not in {target}")
+    assert quoted >= 3, "no figure is quoted as a link to its source"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_efficiency_summary_is_the_tables():
+    """benchmarks.md's sentence on eff at 16 MiB and up is computed from its own tables."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    tables = page.split("### MPICH, every size")[1].split("### Every call form")[0]
+    found = {5: [], 10: [], 15: []}  # the eff % column of 2, 4 and 8 ranks
+    for line in tables.splitlines():
+        if re.match(r"^\| (16M|32M|64M) \|", line):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            for column, values in found.items():
+                if cells[column] not in ("", "-"):
+                    values.append(float(cells[column]))
+    said = [f"{min(v):.0f}-{max(v):.0f}% at {ranks}{' ranks' if ranks == 2 else ''} (median {median(v):.0f}%)"
+            for ranks, v in zip((2, 4, 8), found.values(), strict=True)]
+    text = " ".join(page.split("**Efficiency against the ceiling**")[1].split("\n- ")[0].split())
+    for part in said:
+        assert part in text, f"{part!r} is not what benchmarks.md says: {text}"
+
+
+NEW_PAGES = ["migration.md", "troubleshooting.md", "limitations.md", "tuning.md", "memory.md", "api-reference.md"]
+
+
+@pytest.mark.parametrize("name", NEW_PAGES)
+def test_the_guides_exist_and_are_linked(name):
+    """Every guide page exists and is linked from docs/README.md and from the README."""
+    assert (ROOT / "docs" / name).exists(), name
+    assert f"]({name})" in (ROOT / "docs" / "README.md").read_text(), f"docs/README.md does not link {name}"
+    assert f"](docs/{name})" in README.read_text(), f"README.md does not link {name}"
+
+
+def test_every_docs_page_is_listed_in_the_index():
+    index = (ROOT / "docs" / "README.md").read_text()
+    unlisted = [page.name for page in sorted((ROOT / "docs").glob("*.md"))
+                if page.name != "README.md" and f"]({page.name}" not in index]
+    assert not unlisted, f"not in docs/README.md: {unlisted}"
+
+
+def test_the_api_reference_is_current():
+    """docs/api-reference.md is what scripts/build_api_docs.py writes from today's docstrings, no
+    public name lacks a docstring, and every name the docstrings cite exists."""
+    spec = importlib.util.spec_from_file_location("build_api_docs", ROOT / "scripts" / "build_api_docs.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    missing: list[str] = []
+    text = script.page(missing)
+    assert not missing, f"no docstring: {missing}"
+    assert not script.broken_references(text)
+    assert (ROOT / "docs" / "api-reference.md").read_text() == text, "run python scripts/build_api_docs.py"
 
 
 def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):

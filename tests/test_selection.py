@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mpiring import ArgumentError
@@ -99,3 +101,56 @@ def test_debug_says_what_ran_and_why(monkeypatch, capsys):
     _, bound, small = SWITCH_POINTS["reduce_scatter"][0]
     assert err == [f"mpiring: reduce_scatter ran {small} (auto: 100 B <= {bound} B, any number of ranks)",
                    "mpiring: reduce_scatter ran ring (asked for)"]
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "switch_points.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_a_switch_points_file_replaces_the_rows_it_names(monkeypatch, tmp_path):
+    from mpiring import selection
+    from mpiring.topology import NodeMap
+
+    monkeypatch.setenv("MPIRING_SWITCH_POINTS", _write(tmp_path, {
+        "switch_points": {"allreduce": [[4, 1024, "ring"], [None, None, "rabenseifner"]]},
+        "node_switch_points": {"allreduce": [[65536, "flat"], [None, "node_leader"]]},
+    }))
+    read_environment()
+    assert [choose("allreduce", "auto", 8, p) for p in (2, 4, 8)] == ["ring", "ring", "rabenseifner"]
+    assert choose("allreduce", "auto", 4096, 2) == "rabenseifner"
+    assert choose("allreduce", "recursive_doubling", 8, 2) == "recursive_doubling"  # asked for: no switching
+    assert choose("broadcast", "auto", 1 << 30, 8) == "linear"  # collectives it does not name keep their rows
+    nodes = NodeMap(((0, 1), (2, 3)))
+    assert choose("allreduce", "auto", 8, 4, nodes) == "ring"  # 8 B <= 64 KiB: flat, then the flat rows
+    assert choose("allreduce", "auto", 1 << 20, 4, nodes) == "node_leader"
+    assert selection.SWITCH_POINTS["allreduce"][0] == (None, 64 << 10, "recursive_doubling")  # the table stays
+    monkeypatch.delenv("MPIRING_SWITCH_POINTS")
+    read_environment()
+    assert choose("allreduce", "auto", 8, 2) == "recursive_doubling"
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{", "is not JSON"),
+    ("[]", "must hold a JSON object"),
+    ({"switch_point": {}}, r"unknown key\(s\) \['switch_point'\]"),
+    ({"switch_points": {"allreduse": [[None, None, "ring"]]}}, "allreduse: unknown collective"),
+    ({"switch_points": {"allreduce": []}}, "must be a non-empty list of rows"),
+    ({"switch_points": {"allreduce": [[None, "ring"]]}}, r"allreduce\[0\]: a row is \[most ranks, largest bytes"),
+    ({"switch_points": {"allreduce": [[None, "64K", "ring"]]}}, "largest bytes must be a whole number"),
+    ({"switch_points": {"allreduce": [[-1, None, "ring"]]}}, "most ranks must be a whole number"),
+    ({"switch_points": {"allreduce": [[None, 1024, "ring"]]}}, "the last row must be open"),
+    ({"switch_points": {"allreduce": [[None, None, "fastest"]]}}, r"allreduce\[0\]: unknown algorithm 'fastest'"),
+    ({"node_switch_points": {"broadcast": [[None, "node_lanes"]]}}, "unknown algorithm 'node_lanes' for broadcast"),
+])
+def test_a_bad_switch_points_file_says_what_is_wrong(monkeypatch, tmp_path, content, message):
+    monkeypatch.setenv("MPIRING_SWITCH_POINTS", _write(tmp_path, content))
+    with pytest.raises(ArgumentError, match=f"MPIRING_SWITCH_POINTS.*{message}"):
+        read_environment()
+
+
+def test_a_missing_switch_points_file_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("MPIRING_SWITCH_POINTS", str(tmp_path / "absent.json"))
+    with pytest.raises(ArgumentError, match="MPIRING_SWITCH_POINTS.*cannot read .*absent.json"):
+        read_environment()
