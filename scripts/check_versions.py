@@ -7,7 +7,7 @@ the declared minimum, setup.cfg's numpy>=1.25) and the newest, then the serial q
     python scripts/check_versions.py                    # every Python found, oldest and newest NumPy
     python scripts/check_versions.py --pythons 3.12     # one Python
 
-Pythons are looked up as `python3.X` on PATH, then under `pyenv root`. A Python not found is
+Pythons are looked up as `python3.X` on PATH (pyenv's shims left out), then under `pyenv root`. A Python not found is
 reported as such, not as passed. Needs the package index (NumPy, mpi4py and the mpich wheel).
 """
 
@@ -41,11 +41,13 @@ print("smoke ok, C replay", compiled.available(), "numpy", np.__version__)
 
 
 def find_python(version: str) -> str | None:
+    """`python3.X` on PATH (not a pyenv shim, which may refuse), else the newest under `pyenv root`."""
     found = shutil.which(f"python{version}")
-    if found:
+    if found and "/shims/" not in found:
         return found
-    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() if shutil.which(
-        "pyenv") else os.path.expanduser("~/.pyenv")
+    root = os.path.expanduser("~/.pyenv")
+    if shutil.which("pyenv"):
+        root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() or root
     matches = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")))
     return matches[-1] if matches else None
 

@@ -26,6 +26,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from regenerate_benchmarks import rewrite_doc  # noqa: E402  (this script's folder is on sys.path)
+
 from mpiring.cluster import EmulatedCluster, detect_mpi  # noqa: E402
 from mpiring.cluster.network import rate_bits  # noqa: E402
 from mpiring.cost_model import Fabric, predict  # noqa: E402
@@ -250,20 +252,6 @@ def generated_section(args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
-def rewrite_doc(path: str, section: str) -> None:
-    text = ""
-    if os.path.exists(path):
-        with open(path) as file:
-            text = file.read()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    with open(path, "w") as file:
-        file.write(text)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=CONFIGS, help="NODESxRANKS@RATE (default: %(default)s)")
@@ -279,8 +267,7 @@ def main() -> int:
         if not available:
             sys.exit(f"no emulated cluster here: {why}")
         calibrate_only(args) if args.calibrate_only else measure(args)
-    rewrite_doc(args.doc, generated_section(args))
-    print(f"wrote {args.doc}")
+    rewrite_doc(args.doc, generated_section(args), BEGIN, END, "# Results across nodes\n")
     return 0
 
 

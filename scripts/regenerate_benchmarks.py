@@ -519,14 +519,15 @@ def generated_section(args: argparse.Namespace) -> str:
     return "\n".join([BEGIN, "", *(part + "\n" for part in (best, forms) if part), END])
 
 
-def rewrite_doc(path: str, section: str) -> None:
-    text = "# Benchmarks\n"
+def rewrite_doc(path: str, section: str, begin: str = BEGIN, end: str = END, title: str = "# Benchmarks\n") -> None:
+    """Replace the page's generated section (from `begin` to `end`) with `section`, or append it."""
+    text = title
     if os.path.exists(path):
         with open(path) as stream:
             text = stream.read()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     with open(path, "w") as stream:

@@ -8,6 +8,7 @@ comparisons can be exact; tests of rounding-order behaviour use random floats se
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 from mpi4py import MPI
@@ -136,3 +137,16 @@ def native_reduction(collective: str, x: np.ndarray, op: str, root: int = 0) -> 
     if op == "avg":
         result = np.true_divide(result, size).astype(x.dtype)
     return result
+
+
+def assert_barrier_waits_for_all(barrier, directory: str, rounds: int = 5) -> None:
+    """No rank leaves `barrier()` before every rank has entered it: each rank leaves a file in the
+    shared `directory` before entering; after leaving, every rank must see every file of that round."""
+    world = MPI.COMM_WORLD
+    for round_ in range(rounds):
+        with open(os.path.join(directory, f"{round_}-{world.Get_rank()}"), "w") as marker:
+            marker.write("entered")
+        barrier()
+        seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
+        assert len(seen) == world.Get_size(), (
+            f"round {round_}: rank {world.Get_rank()} left the barrier having seen {sorted(seen)}")

@@ -12,6 +12,7 @@ from oracles import (
     DTYPES,
     OPS,
     all_inputs,
+    assert_barrier_waits_for_all,
     assert_same,
     native_op,
     native_reduction,
@@ -307,14 +308,7 @@ def test_barrier(comm, tmp_path_factory, algorithm):
     """No rank leaves the barrier before every rank has entered it: each rank leaves a file
     before entering; after leaving, every rank must see every file of that round."""
     directory = WORLD.bcast(str(tmp_path_factory.mktemp(f"barrier-{algorithm}")) if RANK == 0 else None, root=0)
-    import os
-
-    for round_ in range(5):
-        with open(os.path.join(directory, f"{round_}-{RANK}"), "w") as marker:
-            marker.write("entered")
-        comm.barrier(algorithm=algorithm)
-        seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
-        assert len(seen) == N, f"round {round_}: rank {RANK} left the barrier having seen {sorted(seen)}"
+    assert_barrier_waits_for_all(lambda: comm.barrier(algorithm=algorithm), directory)
 
 
 def test_allgather_of_reduce_scatter_is_allreduce(comm):

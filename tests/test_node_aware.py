@@ -5,12 +5,10 @@ The same tests run across the emulated cluster's real nodes (tests/run_world_siz
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracles import all_inputs, assert_same, native_reduction, numpy_reduce, rank_input
+from oracles import all_inputs, assert_barrier_waits_for_all, assert_same, native_reduction, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
@@ -142,30 +140,7 @@ def test_barrier(nodes_comm, tmp_path_factory, algorithm):
     """No rank leaves before every rank has entered: each leaves a file first, and after the
     barrier every rank sees every file of that round."""
     directory = WORLD.bcast(str(tmp_path_factory.mktemp(f"barrier-{algorithm}")) if RANK == 0 else None, root=0)
-    for round_ in range(5):
-        with open(os.path.join(directory, f"{round_}-{RANK}"), "w") as marker:
-            marker.write("entered")
-        nodes_comm.barrier(algorithm=algorithm)
-        seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
-        assert len(seen) == N, f"round {round_}: rank {RANK} left the barrier having seen {sorted(seen)}"
-
-
-@pytest.mark.parametrize("algorithm", [*NODE_AWARE["alltoall"], "auto"])
-def test_alltoall(nodes_comm, algorithm):
-    """Equal blocks of 0, 1 and several rows, every block told apart by its source and destination."""
-    for rows in (0, 1, 3):
-        x = np.stack([np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1000 * RANK + 10 * d
-                      for d in range(N)]).reshape(N * rows, 2)
-        want = np.stack([np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1000 * s + 10 * RANK
-                         for s in range(N)]).reshape(N * rows, 2)
-        out = np.empty_like(x)
-        for run in range(3):
-            got = nodes_comm.alltoall(x, algorithm=algorithm)
-            assert_same(got, want, f"alltoall {algorithm} rows {rows} run {run}")
-            assert_same(nodes_comm.alltoall(x, algorithm=algorithm, out=out), want, f"out= run {run}")
-        native = np.empty_like(x)
-        WORLD.Alltoall(x, native)
-        assert_same(native, want, "mpi4py's Alltoall")
+    assert_barrier_waits_for_all(lambda: nodes_comm.barrier(algorithm=algorithm), directory)
 
 
 def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
