@@ -213,6 +213,9 @@ def _check_names() -> None:
         for collective, rows in table.items():
             for index, row in enumerate(rows):
                 name = row[-1]
+                if part == "across_nodes_switch_points" and name.startswith("node_"):
+                    raise _refuse(f"{_tables['file']!r}, {part}.{collective}[{index}]: {name!r} is node-aware; "
+                                  "the rows across nodes name flat algorithms")
                 if name not in ALGORITHMS[collective] and name not in extra:
                     known = ", ".join([*ALGORITHMS[collective], *extra])
                     raise _refuse(f"{_tables['file']!r}, {part}.{collective}[{index}]: unknown algorithm {name!r} "

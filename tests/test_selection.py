@@ -116,6 +116,7 @@ def test_a_switch_points_file_replaces_the_rows_it_names(monkeypatch, tmp_path):
     monkeypatch.setenv("MPIRING_SWITCH_POINTS", _write(tmp_path, {
         "switch_points": {"allreduce": [[4, 1024, "ring"], [None, None, "rabenseifner"]]},
         "node_switch_points": {"allreduce": [[65536, "flat"], [None, "node_leader"]]},
+        "across_nodes_switch_points": {"allreduce": [[None, "ring_pipelined"]]},
     }))
     read_environment()
     assert [choose("allreduce", "auto", 8, p) for p in (2, 4, 8)] == ["ring", "ring", "rabenseifner"]
@@ -125,6 +126,9 @@ def test_a_switch_points_file_replaces_the_rows_it_names(monkeypatch, tmp_path):
     nodes = NodeMap(((0, 1), (2, 3)))
     assert choose("allreduce", "auto", 8, 4, nodes) == "ring"  # 8 B <= 64 KiB: flat, then the flat rows
     assert choose("allreduce", "auto", 1 << 20, 4, nodes) == "node_leader"
+    a_rank_per_node = NodeMap(((0,), (1,), (2,), (3,)))
+    assert choose("allreduce", "auto", 8, 4, a_rank_per_node) == selection.across_choice("allreduce", 8, 4) == (
+        "ring_pipelined")  # and what the node-aware algorithms run across nodes
     assert selection.SWITCH_POINTS["allreduce"][0] == (None, 64 << 10, "recursive_doubling")  # the table stays
     monkeypatch.delenv("MPIRING_SWITCH_POINTS")
     read_environment()
@@ -143,6 +147,7 @@ def test_a_switch_points_file_replaces_the_rows_it_names(monkeypatch, tmp_path):
     ({"switch_points": {"allreduce": [[None, 1024, "ring"]]}}, "the last row must be open"),
     ({"switch_points": {"allreduce": [[None, None, "fastest"]]}}, r"allreduce\[0\]: unknown algorithm 'fastest'"),
     ({"node_switch_points": {"broadcast": [[None, "node_lanes"]]}}, "unknown algorithm 'node_lanes' for broadcast"),
+    ({"across_nodes_switch_points": {"allreduce": [[None, "node_lanes"]]}}, "'node_lanes' is node-aware"),
 ])
 def test_a_bad_switch_points_file_says_what_is_wrong(monkeypatch, tmp_path, content, message):
     monkeypatch.setenv("MPIRING_SWITCH_POINTS", _write(tmp_path, content))

@@ -30,6 +30,7 @@ from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
+from mpiring.algorithms.allreduce_ring_pipelined import allreduce_ring_pipelined
 from mpiring.algorithms.allreduce_scattered import allreduce_scattered
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
@@ -45,6 +46,7 @@ ACROSS_NODES = {
     "scattered": allreduce_scattered,
     "rabenseifner": allreduce_rabenseifner,
     "ring": allreduce_ring,
+    "ring_pipelined": allreduce_ring_pipelined,
 }
 
 
