@@ -143,6 +143,24 @@ def test_barrier(nodes_comm, tmp_path_factory, algorithm):
     assert_barrier_waits_for_all(lambda: nodes_comm.barrier(algorithm=algorithm), directory)
 
 
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["alltoall"], "auto"])
+def test_alltoall(nodes_comm, algorithm):
+    """Equal blocks of 0, 1 and several rows, every block told apart by its source and destination."""
+    for rows in (0, 1, 3):
+        x = np.stack([np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1000 * RANK + 10 * d
+                      for d in range(N)]).reshape(N * rows, 2)
+        want = np.stack([np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) + 1000 * s + 10 * RANK
+                         for s in range(N)]).reshape(N * rows, 2)
+        out = np.empty_like(x)
+        for run in range(3):
+            got = nodes_comm.alltoall(x, algorithm=algorithm)
+            assert_same(got, want, f"alltoall {algorithm} rows {rows} run {run}")
+            assert_same(nodes_comm.alltoall(x, algorithm=algorithm, out=out), want, f"out= run {run}")
+        native = np.empty_like(x)
+        WORLD.Alltoall(x, native)
+        assert_same(native, want, "mpi4py's Alltoall")
+
+
 def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
     """On a map of several nodes with several ranks on some, `auto` records node-aware
     algorithms for the collectives that have them; on one node, flat ones."""
