@@ -968,6 +968,27 @@ def _fabric_or_explain(spec: str | None) -> Fabric:
                          f"or name one of {', '.join(FABRICS)}") from None
 
 
+def switch_points(nodes: int, per_node: int, fabric: Fabric, sizes: Sequence[int]) -> dict:
+    """`auto`'s rows from the model: per collective, the algorithm it predicts fastest at each of
+    `sizes` on `nodes` x `per_node` ranks, as a MPIRING_SWITCH_POINTS file's node-aware table (or,
+    on one rank per node, its table across nodes, of flat algorithms), consecutive sizes with the
+    same winner joined into one row, the last row open."""
+    hierarchical = node_map(nodes, per_node).hierarchical
+    tables: dict[str, list[list]] = {}
+    for collective in COLLECTIVES:
+        candidates = [a for a in algorithms(collective) if hierarchical or not a.startswith("node_")]
+        rows: list[list] = []
+        for size in sorted(sizes):
+            winner = min(candidates, key=lambda a, size=size: predict(collective, a, size, nodes, per_node, fabric))
+            if rows and rows[-1][1] == winner:
+                rows[-1][0] = size
+            else:
+                rows.append([size, winner])
+        rows[-1][0] = None
+        tables[collective] = rows
+    return {"node_switch_points" if hierarchical else "across_nodes_switch_points": tables}
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpiring import __version__
 
@@ -978,6 +999,11 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--out", help=f"where to save it (default ${FABRIC_VARIABLE}, else ~/.cache/mpiring/fabric.json)")
     pre = sub.add_parser("predict", help="each algorithm's predicted time by size")
     pro = sub.add_parser("project", help="which algorithm wins at 16..1024 nodes on a fabric")
+    swi = sub.add_parser("switch-points", help="auto's rows from the model, as a MPIRING_SWITCH_POINTS file")
+    swi.add_argument("--fabric", help=f"a JSON file or one of {', '.join(FABRICS)} (default: the calibrated one)")
+    swi.add_argument("--nodes", type=int, default=2)
+    swi.add_argument("--per-node", type=int, default=2)
+    swi.add_argument("--out", help="the file to write (default: print it)")
     for one in (pre, pro):
         one.add_argument("-c", "--collective", choices=COLLECTIVES, default="allreduce")
         one.add_argument("--fabric", help=f"a JSON file or one of {', '.join(FABRICS)} (default: the calibrated one)")
@@ -1001,6 +1027,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"gamma {1e-9 / fabric.gamma:.2f} GB/s reduced; saved to {args.out or default_path()}")
         return 0
     fabric = _fabric_or_explain(args.fabric)
+    if args.command == "switch-points":
+        text = json.dumps(switch_points(args.nodes, args.per_node, fabric, _sizes(8, 256 << 20, 2)), indent=1)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        else:
+            print(text)
+        return 0
     if args.command == "predict":
         print(f"mpiring {__version__}: {args.collective}, {args.nodes} nodes x {args.per_node} ranks, fabric "
               f"{fabric.name or args.fabric}; predicted microseconds")

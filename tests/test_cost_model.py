@@ -6,6 +6,7 @@ traffic counters under MPI."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -154,3 +155,27 @@ def test_mpiring_model_runs_the_cost_model(capsys, tmp_path):
     assert "| 16 |" in out and "| 32 |" in out
     assert cli.main(["model", "predict", "--fabric", str(FAST.save(tmp_path / "f.json")), "-e", "64"]) == 0
     assert "| 64 |" in capsys.readouterr().out
+
+
+def test_switch_points_from_the_model_are_a_file_auto_takes(tmp_path, monkeypatch):
+    """`switch-points` writes the model's winners as a MPIRING_SWITCH_POINTS file: a node-aware table
+    on nodes of several ranks, a table of flat algorithms across nodes of one rank, both accepted."""
+    from mpiring import selection
+    from mpiring.topology import NodeMap
+
+    path = tmp_path / "points.json"
+    cm.main(["switch-points", "--fabric", "emulated-1g", "--nodes", "2", "--per-node", "2", "--out", str(path)])
+    tables = json.loads(path.read_text())["node_switch_points"]
+    assert tables["allreduce"][-1] == [None, cm.best("allreduce", 256 << 20, 2, 2, cm.FABRICS["emulated-1g"])[0]]
+    monkeypatch.setenv("MPIRING_SWITCH_POINTS", str(path))
+    selection.read_environment()
+    try:
+        nodes = NodeMap(((0, 1), (2, 3)))
+        for size in (8, 1 << 20, 64 << 20):
+            assert selection.auto_choice("allreduce", size, 4, nodes) == cm.best("allreduce", size, 2, 2,
+                                                                                 cm.FABRICS["emulated-1g"])[0]
+    finally:
+        monkeypatch.delenv("MPIRING_SWITCH_POINTS")
+        selection.read_environment()
+    across = cm.switch_points(4, 1, cm.FABRICS["emulated-1g"], [8, 1 << 20])["across_nodes_switch_points"]
+    assert all(not name.startswith("node_") for rows in across.values() for _, name in rows)
