@@ -291,6 +291,3 @@ class SubRing:
 
     def scratch(self, backend: NumpyBackend, count: int, dtype: Any) -> Scratch:
         return self.ring.scratch(backend, count, dtype)
-
-    def metadata(self, count: int, dtype: Any) -> Any:
-        return self.ring.metadata(count, dtype)
