@@ -307,3 +307,15 @@ def test_nothing_but_mpiring_torch_imports_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_every_algorithm_module_states_its_cost_and_draws_its_steps():
+    """docs/adding-an-algorithm.md: a module's docstring gives the cost and a small diagram."""
+    import inspect
+
+    modules = {inspect.getmodule(function) for table in ALGORITHMS.values() for function in table.values()}
+    for module in modules:
+        doc = inspect.getdoc(module) or ""
+        assert "cost" in doc.lower(), f"{module.__name__}: no cost in its docstring"
+        assert any(line.startswith("    ") and line.strip() for line in doc.splitlines()), (
+            f"{module.__name__}: no indented diagram in its docstring")

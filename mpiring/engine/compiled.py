@@ -100,7 +100,8 @@ def _bind() -> bool:
                 raise ValueError("communicator and datatype handles differ in size")
             probe = MPI.Request()
             request_offset = MPI._addressof(probe) - id(probe)  # where a Request object keeps its handle
-            if MPI._addressof(MPI.Prequest()) - id(MPI.Prequest()) != request_offset or request_offset <= 0:
+            persistent = MPI.Prequest()  # one object: two temporaries need not share an address
+            if MPI._addressof(persistent) - id(persistent) != request_offset or request_offset <= 0:
                 raise ValueError("request objects keep their handles at different places")
             _replay.bind(address("MPI_Startall"), address("MPI_Testall"), address("MPI_Waitall"),
                          address("MPI_Get_count"), address("MPI_Isend"), address("MPI_Irecv"), address("MPI_Iprobe"),
