@@ -36,6 +36,7 @@ docs/dropin.md lists what is refused, and why.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ import numpy
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from mpiring import entry_points
 from mpiring.backend import NUMPY, SUPPORTED_DTYPES, backend_for
 from mpiring.engine.partition import split_bounds
 from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
@@ -924,216 +926,81 @@ class BufferAPI:
         whole = numpy.empty(sum(v.counts), dtype)
         return whole, lambda: v.scatter_from(whole)
 
-    # ---- blocking ----
-
-    def Bcast(self, buf: Any, root: int = 0) -> None:
-        """Broadcast root's `buf` to every rank's `buf`."""
-        self._run(self._parse_bcast(buf, root))
-
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> None:
-        """Reduce every rank's `sendbuf` into root's `recvbuf` (ignored elsewhere)."""
-        self._run(self._parse_reduce(sendbuf, recvbuf, op, root))
-
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        """Reduce every rank's `sendbuf` into every rank's `recvbuf`."""
-        self._run(self._parse_allreduce(sendbuf, recvbuf, op))
-
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Gather equal blocks into root's `recvbuf`, in rank order."""
-        self._run(self._parse_gather(sendbuf, recvbuf, root))
-
-    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Gather blocks of any size into root's `recvbuf` at its counts and displacements."""
-        self._run(self._parse_gatherv(sendbuf, recvbuf, root))
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Gather equal blocks into every rank's `recvbuf`, in rank order."""
-        self._run(self._parse_allgather(sendbuf, recvbuf))
-
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Gather blocks of any size into every rank's `recvbuf` at its counts and displacements."""
-        self._run(self._parse_allgatherv(sendbuf, recvbuf))
-
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Scatter equal blocks of root's `sendbuf` (ignored elsewhere), block k to rank k."""
-        self._run(self._parse_scatter(sendbuf, recvbuf, root))
-
-    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Scatter blocks of root's `sendbuf` at its counts and displacements, block k to rank k."""
-        self._run(self._parse_scatterv(sendbuf, recvbuf, root))
-
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        """Reduce, then block k (of recvbuf's count) of the result to rank k."""
-        self._run(self._parse_reduce_scatter_block(sendbuf, recvbuf, op))
-
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM) -> None:
-        """Reduce, then recvcounts[k] elements of the result to rank k."""
-        self._run(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op))
-
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Block j of every rank's `sendbuf` to rank j, into block i of its `recvbuf` (from rank i)."""
-        self._run(self._parse_alltoall(sendbuf, recvbuf))
-
-    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Alltoall with counts and displacements on both sides."""
-        self._run(self._parse_alltoallv(sendbuf, recvbuf))
-
-    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Alltoallv with a datatype per block and displacements in bytes (predefined datatypes)."""
-        self._run(self._parse_alltoallw(sendbuf, recvbuf))
-
-    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        """Rank r's `recvbuf` gets the reduction of ranks 0..r's `sendbuf`."""
-        self._run(self._parse_scan(sendbuf, recvbuf, op, "scan"))
-
-    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        """Rank r's `recvbuf` gets the reduction of ranks 0..r-1's `sendbuf` (rank 0's is left alone)."""
-        self._run(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
+    # ---- the barrier; every other collective's three forms are written out from DROPIN, below ----
 
     def Barrier(self) -> None:
         """Return once every rank has entered (mpiring's `barrier`)."""
         self.barrier()
 
-    # ---- nonblocking: the result is in the receive buffer once Wait() returns or Test() is True ----
-
-    def Ibcast(self, buf: Any, root: int = 0) -> Request:
-        """Nonblocking Bcast: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_bcast(buf, root))
-
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0) -> Request:
-        """Nonblocking Reduce: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_reduce(sendbuf, recvbuf, op, root))
-
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
-        """Nonblocking Allreduce: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_allreduce(sendbuf, recvbuf, op))
-
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        """Nonblocking Gather: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_gather(sendbuf, recvbuf, root))
-
-    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        """Nonblocking Gatherv: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_gatherv(sendbuf, recvbuf, root))
-
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Nonblocking Allgather: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_allgather(sendbuf, recvbuf))
-
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Nonblocking Allgatherv: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_allgatherv(sendbuf, recvbuf))
-
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        """Nonblocking Scatter: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_scatter(sendbuf, recvbuf, root))
-
-    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        """Nonblocking Scatterv, after a blocking broadcast of the root's counts."""
-        return self._irun(self._parse_scatterv(sendbuf, recvbuf, root))
-
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
-        """Nonblocking Reduce_scatter_block: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_reduce_scatter_block(sendbuf, recvbuf, op))
-
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM) -> Request:
-        """Nonblocking Reduce_scatter (without recvcounts, after a blocking all-gather of them)."""
-        return self._irun(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op))
-
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Nonblocking Alltoall: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_alltoall(sendbuf, recvbuf))
-
-    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Nonblocking Alltoallv: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_alltoallv(sendbuf, recvbuf))
-
-    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:
-        """Nonblocking Alltoallw: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_alltoallw(sendbuf, recvbuf))
-
-    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
-        """Nonblocking Scan: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_scan(sendbuf, recvbuf, op, "scan"))
-
-    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
-        """Nonblocking Exscan: the result is in the receive buffer once Wait() returns."""
-        return self._irun(self._parse_scan(sendbuf, recvbuf, op, "exscan"))
-
     def Ibarrier(self) -> Request:
         """Nonblocking Barrier: Wait() returns once every rank has entered."""
         return Request(self.ibarrier(), None)
-
-    # ---- persistent (MPI-4): Start() and Wait() per use; the buffers are bound at init ----
-
-    def Bcast_init(self, buf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Bcast: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_bcast(buf, root), info)
-
-    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0,
-                    info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Reduce: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_reduce(sendbuf, recvbuf, op, root), info)
-
-    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Allreduce: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_allreduce(sendbuf, recvbuf, op), info)
-
-    def Gather_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Gather: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_gather(sendbuf, recvbuf, root), info)
-
-    def Gatherv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Gatherv: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_gatherv(sendbuf, recvbuf, root), info)
-
-    def Allgather_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Allgather: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_allgather(sendbuf, recvbuf), info)
-
-    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Allgatherv: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_allgatherv(sendbuf, recvbuf), info)
-
-    def Scatter_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Scatter: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_scatter(sendbuf, recvbuf, root), info)
-
-    def Scatterv_init(self, sendbuf: Any, recvbuf: Any, root: int = 0, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Scatterv: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_scatterv(sendbuf, recvbuf, root), info)
-
-    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
-                                  info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Reduce_scatter_block: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_reduce_scatter_block(sendbuf, recvbuf, op), info)
-
-    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
-                            info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Reduce_scatter: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_reduce_scatter_v(sendbuf, recvbuf, recvcounts, op), info)
-
-    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Alltoall: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_alltoall(sendbuf, recvbuf), info)
-
-    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Alltoallv: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_alltoallv(sendbuf, recvbuf), info)
-
-    def Alltoallw_init(self, sendbuf: Any, recvbuf: Any, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Alltoallw: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_alltoallw(sendbuf, recvbuf), info)
-
-    def Scan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Scan: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_scan(sendbuf, recvbuf, op, "scan"), info)
-
-    def Exscan_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, info: Any = MPI.INFO_NULL) -> Request:
-        """Persistent Exscan: buffers bound now; Start() and Wait() per use."""
-        return self._init(self._parse_scan(sendbuf, recvbuf, op, "exscan"), info)
 
     def Barrier_init(self, info: Any = MPI.INFO_NULL) -> Request:
         """Persistent Barrier: Start() and Wait() per use."""
         _check_info("Barrier_init", info)
         return Request(self.barrier_init(), None)
+
+
+# mpi4py's uppercase collectives (but the barrier): name, the BufferAPI parser of its specs
+# (its parameters are the method's, after `self`; a string after it is passed as a constant), and
+# what the blocking form does. Each gets `Name` (blocking), `Iname` (nonblocking: a Request whose
+# Wait() leaves the result in the receive buffer) and `Name_init` (persistent, MPI-4: buffers
+# bound at init, Start() and Wait() per use), as mpi4py names them.
+DROPIN = (
+    ("Bcast", "_parse_bcast", "Broadcast root's `buf` to every rank's `buf`."),
+    ("Reduce", "_parse_reduce", "Reduce every rank's `sendbuf` into root's `recvbuf` (ignored elsewhere)."),
+    ("Allreduce", "_parse_allreduce", "Reduce every rank's `sendbuf` into every rank's `recvbuf`."),
+    ("Gather", "_parse_gather", "Gather equal blocks into root's `recvbuf`, in rank order."),
+    ("Gatherv", "_parse_gatherv", "Gather blocks of any size into root's `recvbuf` at its counts and displacements."),
+    ("Allgather", "_parse_allgather", "Gather equal blocks into every rank's `recvbuf`, in rank order."),
+    ("Allgatherv", "_parse_allgatherv",
+     "Gather blocks of any size into every rank's `recvbuf` at its counts and displacements."),
+    ("Scatter", "_parse_scatter", "Scatter equal blocks of root's `sendbuf` (ignored elsewhere), block k to rank k."),
+    ("Scatterv", "_parse_scatterv",
+     "Scatter blocks of root's `sendbuf` at its counts and displacements, block k to rank k."),
+    ("Reduce_scatter_block", "_parse_reduce_scatter_block",
+     "Reduce, then block k (of recvbuf's count) of the result to rank k."),
+    ("Reduce_scatter", "_parse_reduce_scatter_v", "Reduce, then recvcounts[k] elements of the result to rank k."),
+    ("Alltoall", "_parse_alltoall",
+     "Block j of every rank's `sendbuf` to rank j, into block i of its `recvbuf` (from rank i)."),
+    ("Alltoallv", "_parse_alltoallv", "Alltoall with counts and displacements on both sides."),
+    ("Alltoallw", "_parse_alltoallw",
+     "Alltoallv with a datatype per block and displacements in bytes (predefined datatypes)."),
+    ("Scan", "_parse_scan", "Rank r's `recvbuf` gets the reduction of ranks 0..r's `sendbuf`."),
+    ("Exscan", "_parse_scan", "Rank r's `recvbuf` gets the reduction of ranks 0..r-1's `sendbuf` (rank 0's is "
+                              "left alone)."),
+)
+# nonblocking forms that do a blocking step first
+_NONBLOCKING_NOTES = {
+    "Iscatterv": "Nonblocking Scatterv, after a blocking broadcast of the root's counts.",
+    "Ireduce_scatter": "Nonblocking Reduce_scatter (without recvcounts, after a blocking all-gather of them).",
+}
+# the defaults mpi4py gives these parameters
+_DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
+
+
+def _forms(name: str, parser: str, doc: str) -> list[Callable[..., Any]]:
+    """`name`, `I<name>` and `<name>_init`, each parsing its specs with `parser`."""
+    taken = [p for p in entry_points.parameters_of(getattr(BufferAPI, parser)) if p.name != "collective"]
+    parameters = [p.replace(default=_DEFAULTS.get(p.name, p.empty)) for p in taken]
+    constant = f", {name.lower()!r}" if parser == "_parse_scan" else ""  # scan and exscan share the parser
+    parse = f"self.{parser}({', '.join(p.name for p in parameters)}{constant})"
+    info = inspect.Parameter("info", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=MPI.INFO_NULL, annotation="Any")
+    nonblocking = "I" + name[0].lower() + name[1:]
+    module = __name__
+    return [
+        entry_points.method(BufferAPI, name, parameters, f"self._run({parse})", doc, "None", module),
+        entry_points.method(BufferAPI, nonblocking, parameters, f"return self._irun({parse})",
+                            _NONBLOCKING_NOTES.get(nonblocking, f"Nonblocking {name}: the result is in the "
+                                                   "receive buffer once Wait() returns."),
+                            "Request", module),
+        entry_points.method(BufferAPI, f"{name}_init", [*parameters, info], f"return self._init({parse}, info)",
+                            f"Persistent {name}: buffers bound now; Start() and Wait() per use.", "Request", module),
+    ]
+
+
+for _row in DROPIN:
+    for _method in _forms(*_row):
+        setattr(BufferAPI, _method.__name__, _method)
+del _row, _method

@@ -16,12 +16,11 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiring import collectives, consistency, environment, identity, topology
+from mpiring import collectives, consistency, entry_points, environment, identity, topology
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE
 from mpiring.engine.engine import Built, Engine, counts_key, counts_pair
-from mpiring.engine.executor import CollectiveRequest, PersistentRequest
 from mpiring.engine.farewell import leaving, let_go
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan
@@ -393,129 +392,42 @@ class Communicator(BufferAPI):
         and its out= is left untouched."""
         return self._blocking("exscan", x, out, op, None, None, algorithm, timeout)
 
-    # ---- nonblocking: same arguments, return a request; wait() returns the result ----
 
-    def ibroadcast(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                   timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `broadcast`."""
-        return self._engine.start("broadcast", x, out, None, root, None, algorithm, timeout)
+# ---- nonblocking and persistent: generated from the blocking methods, one per collective ----
 
-    def ireduce(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `reduce`."""
-        return self._engine.start("reduce", x, out, op, root, None, algorithm, timeout)
+# What each variant says beyond "Nonblocking `name`." / "Persistent `name`.".
+_VARIANT_NOTES = {
+    "ibarrier": "wait() returns once every rank has entered.",
+    "iexscan": "Rank 0's wait() returns None.",
+    "broadcast_init": "Each start() broadcasts root's contents of `x` at that time.",
+    "allreduce_init": "`req = comm.allreduce_init(x, out=y)`, then `req.start()` and `req.wait()` per use, "
+                      "with new contents in `x` each time.",
+    "alltoallv_init": "Give `recv_counts` to have it planned (without them every start() exchanges the "
+                      "counts first).",
+}
 
-    def iallreduce(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                   timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `allreduce`."""
-        return self._engine.start("allreduce", x, out, op, None, None, algorithm, timeout)
 
-    def igather(self, x: Any, root: int = 0, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
-                timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `gather`."""
-        return self._engine.start("gather", x, out, None, root, counts, algorithm, timeout)
+def _variant(name: str, kind: str) -> Any:
+    """`i<name>` (kind "start") or `<name>_init` (kind "persistent"): the blocking method's
+    parameters, handed to the engine's `start` or `persistent`."""
+    parameters = entry_points.parameters_of(getattr(Communicator, name))
+    given = {p.name for p in parameters}
+    counts = "(send_counts, recv_counts)" if "send_counts" in given else "counts" if "counts" in given else "None"
+    arguments = [repr(name), *(a if a in given else "None" for a in ("x", "out", "op", "root")), counts,
+                 "algorithm", "timeout"]
+    method_name, form, returns = ((f"i{name}", "Nonblocking", "CollectiveRequest") if kind == "start" else
+                                  (f"{name}_init", "Persistent", "PersistentRequest"))
+    note = _VARIANT_NOTES.get(method_name)
+    return entry_points.method(Communicator, method_name, parameters,
+                               f"return self._engine.{kind}({', '.join(arguments)})",
+                               f"{form} `{name}`." + (f" {note}" if note else ""), returns, __name__)
 
-    def iallgather(self, x: Any, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
-                   timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `allgather`."""
-        return self._engine.start("allgather", x, out, None, None, counts, algorithm, timeout)
 
-    def iscatter(self, x: Any = None, root: int = 0, *, out: Any = None, counts: Any = None,
-                 algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `scatter`."""
-        return self._engine.start("scatter", x, out, None, root, counts, algorithm, timeout)
-
-    def ireduce_scatter(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
-                        algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `reduce_scatter`."""
-        return self._engine.start("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
-
-    def ibarrier(self, *, algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `barrier`: wait() returns once every rank has entered."""
-        return self._engine.start("barrier", None, None, None, None, None, algorithm, timeout)
-
-    def ialltoall(self, x: Any, *, out: Any = None, algorithm: str | None = None,
-                  timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `alltoall`."""
-        return self._engine.start("alltoall", x, out, None, None, None, algorithm, timeout)
-
-    def ialltoallv(self, x: Any, send_counts: Any, recv_counts: Any = None, *, out: Any = None,
-                   algorithm: str | None = None, timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `alltoallv`."""
-        return self._engine.start("alltoallv", x, out, None, None, (send_counts, recv_counts), algorithm, timeout)
-
-    def iscan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-              timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `scan`."""
-        return self._engine.start("scan", x, out, op, None, None, algorithm, timeout)
-
-    def iexscan(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                timeout: float | None = None) -> CollectiveRequest:
-        """Nonblocking `exscan` (rank 0's wait() returns None)."""
-        return self._engine.start("exscan", x, out, op, None, None, algorithm, timeout)
-
-    # ---- persistent (MPI-4): made once, collectively; then start() and wait() per use ----
-
-    def broadcast_init(self, x: Any, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                       timeout: float | None = None) -> PersistentRequest:
-        """Persistent `broadcast`: each start() broadcasts root's contents of `x` at that time."""
-        return self._engine.persistent("broadcast", x, out, None, root, None, algorithm, timeout)
-
-    def reduce_init(self, x: Any, op: str = SUM, root: int = 0, *, out: Any = None, algorithm: str | None = None,
-                    timeout: float | None = None) -> PersistentRequest:
-        """Persistent `reduce`."""
-        return self._engine.persistent("reduce", x, out, op, root, None, algorithm, timeout)
-
-    def allreduce_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                       timeout: float | None = None) -> PersistentRequest:
-        """Persistent `allreduce`: `req = comm.allreduce_init(x, out=y)`, then `req.start()` and
-        `req.wait()` per use, with new contents in `x` each time."""
-        return self._engine.persistent("allreduce", x, out, op, None, None, algorithm, timeout)
-
-    def gather_init(self, x: Any, root: int = 0, *, out: Any = None, counts: Any = None,
-                    algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
-        """Persistent `gather`."""
-        return self._engine.persistent("gather", x, out, None, root, counts, algorithm, timeout)
-
-    def allgather_init(self, x: Any, *, out: Any = None, counts: Any = None, algorithm: str | None = None,
-                       timeout: float | None = None) -> PersistentRequest:
-        """Persistent `allgather`."""
-        return self._engine.persistent("allgather", x, out, None, None, counts, algorithm, timeout)
-
-    def scatter_init(self, x: Any = None, root: int = 0, *, out: Any = None, counts: Any = None,
-                     algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
-        """Persistent `scatter`."""
-        return self._engine.persistent("scatter", x, out, None, root, counts, algorithm, timeout)
-
-    def reduce_scatter_init(self, x: Any, op: str = SUM, *, out: Any = None, counts: Any = None,
-                            algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
-        """Persistent `reduce_scatter`."""
-        return self._engine.persistent("reduce_scatter", x, out, op, None, counts, algorithm, timeout)
-
-    def barrier_init(self, *, algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
-        """Persistent `barrier`."""
-        return self._engine.persistent("barrier", None, None, None, None, None, algorithm, timeout)
-
-    def alltoall_init(self, x: Any, *, out: Any = None, algorithm: str | None = None,
-                      timeout: float | None = None) -> PersistentRequest:
-        """Persistent `alltoall`."""
-        return self._engine.persistent("alltoall", x, out, None, None, None, algorithm, timeout)
-
-    def alltoallv_init(self, x: Any, send_counts: Any, recv_counts: Any = None, *, out: Any = None,
-                       algorithm: str | None = None, timeout: float | None = None) -> PersistentRequest:
-        """Persistent `alltoallv`: give `recv_counts` to have it planned (without them every
-        start() exchanges the counts first)."""
-        return self._engine.persistent("alltoallv", x, out, None, None, (send_counts, recv_counts), algorithm, timeout)
-
-    def scan_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                  timeout: float | None = None) -> PersistentRequest:
-        """Persistent `scan`."""
-        return self._engine.persistent("scan", x, out, op, None, None, algorithm, timeout)
-
-    def exscan_init(self, x: Any, op: str = SUM, *, out: Any = None, algorithm: str | None = None,
-                    timeout: float | None = None) -> PersistentRequest:
-        """Persistent `exscan`."""
-        return self._engine.persistent("exscan", x, out, op, None, None, algorithm, timeout)
+for _name in CATALOGUE:
+    for _kind in ("start", "persistent"):
+        _method = _variant(_name, _kind)
+        setattr(Communicator, _method.__name__, _method)
+del _name, _kind, _method
 
 
 def _plannable(backend: Any, x: Any) -> bool:

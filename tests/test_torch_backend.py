@@ -149,6 +149,41 @@ def test_gathers_and_scatters(async_op):
     assert_same(got.numpy(), rank_input(32 + RANK, root, (2, 3), "float64"), "scatter")
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_uneven_all_gather_and_gather(async_op):
+    """Tensors of different sizes on different ranks, as gloo takes them (rank k: k + 1 rows,
+    rank 0 none where there are several ranks)."""
+    def done(work):
+        if async_op:
+            work.wait()
+
+    rows = [(k + 1) % max(N, 2) for k in range(N)]
+    inputs = [rank_input(50, k, (rows[k], 3), "float32") for k in range(N)]
+    mine = torch.from_numpy(inputs[RANK].copy())
+    parts = [torch.full((rows[k], 3), -1.0) for k in range(N)]
+    done(dist.all_gather(parts, mine, async_op=async_op))
+    for k in range(N):
+        assert_same(parts[k].numpy(), inputs[k], "uneven all_gather")
+    root = N // 2
+    gathered = [torch.full((rows[k], 3), -1.0) for k in range(N)] if RANK == root else None
+    done(dist.gather(mine, gathered, dst=root, async_op=async_op))
+    if RANK == root:
+        for k in range(N):
+            assert_same(gathered[k].numpy(), inputs[k], "uneven gather")
+
+
+def test_a_refused_all_gather_leaves_the_group_usable():
+    mine = torch.ones(2)
+    with pytest.raises(ValueError, match="one output tensor per rank"):
+        dist.all_gather([torch.empty(2) for _ in range(N + 1)], mine)
+    with pytest.raises(ValueError, match="this rank's input has 2 elements"):
+        dist.all_gather([torch.empty(3) for _ in range(N)], mine)
+    parts = [torch.empty(2) for _ in range(N)]
+    dist.all_gather(parts, mine * RANK)
+    for k in range(N):
+        assert_same(parts[k].numpy(), np.full(2, float(k), dtype=np.float32), "after a refusal")
+
+
 def test_all_to_all():
     rows = 2 * N
     mine = tensor(40, (rows, 3), "int32")

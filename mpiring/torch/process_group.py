@@ -147,10 +147,19 @@ class ProcessGroupMpiring(dist.ProcessGroup):
 
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> Work:
+        """Every rank's tensor into `output_tensors`, whose sizes may differ by rank (as gloo
+        takes them): every rank lists them all, so the sizes are the counts= of one all-gather."""
         works = []
         for outputs, tensor in zip(output_tensors, input_tensors, strict=True):
-            whole = tensor.new_empty(tensor.numel() * self.comm.size)
-            work = self.all_gather_single(whole, tensor.detach(), opts)
+            counts = _counts("all_gather", outputs, self.comm.size)
+            if tensor.numel() != counts[self.comm.rank]:
+                raise ValueError(f"mpiring: all_gather: this rank's input has {tensor.numel()} elements, but "
+                                 f"output_tensors[{self.comm.rank}] has {counts[self.comm.rank]}")
+            _same_kind("all_gather", tensor, outputs[0])
+            x = view(tensor.detach(), flat=True)
+            whole = tensor.new_empty(sum(counts))
+            work = self._run(opts, "allgather", (x,), {"out": view(whole, flat=True), "counts": counts}, outputs,
+                             keep=whole)
             works.append(self._then(work, lambda w=whole, o=outputs: _split_into(w, o)))
         return self._each(works, [t for outputs in output_tensors for t in outputs])
 
@@ -182,12 +191,17 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         x = view(tensor, flat=True)
         whole = out = finish = None
         if self.comm.rank == root:
-            whole = tensor.new_empty(x.size * self.comm.size)
-            out = view(whole, flat=True)
             outputs = output_tensors[0]
+            counts = _counts("gather", outputs, self.comm.size)
+            if x.size != counts[root]:
+                raise ValueError(f"mpiring: gather: the root's input has {x.size} elements, but "
+                                 f"gather_list[{root}] has {counts[root]}")
+            whole = tensor.new_empty(sum(counts))
+            out = view(whole, flat=True)
             finish = lambda: _split_into(whole, outputs)  # noqa: E731
-        return self._run(opts, "gather", (x, root), {"out": out, "counts": self._equal(x.size)},
-                         output_tensors[0] if output_tensors else [], finish, keep=whole)
+        # only the root knows every rank's size (gather_list): the ranks exchange their counts
+        return self._run(opts, "gather", (x, root), {"out": out}, output_tensors[0] if output_tensors else [],
+                         finish, keep=whole)
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> Work:
@@ -296,6 +310,13 @@ def _split_into(whole: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
         n = tensor.numel()
         tensor.copy_(whole[start : start + n].view(tensor.shape))
         start += n
+
+
+def _counts(collective: str, outputs: Sequence[torch.Tensor], size: int) -> list[int]:
+    """Every rank's element count, from the list of output tensors (one per rank)."""
+    if len(outputs) != size:
+        raise ValueError(f"mpiring: {collective} needs one output tensor per rank ({size}), got {len(outputs)}")
+    return [t.numel() for t in outputs]
 
 
 def _same_kind(collective: str, input: torch.Tensor, output: torch.Tensor) -> None:  # noqa: A002

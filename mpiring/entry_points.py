@@ -1,0 +1,44 @@
+"""Methods written out from a table, as MPICH generates its entry points: the nonblocking and
+persistent forms of `Communicator`'s collectives and of the drop-in's uppercase ones take their
+blocking form's parameters, and differ only in the one call their body makes.
+
+    Communicator.allreduce(self, x, op="sum", *, out=None, ...)         written by hand
+      -> iallreduce(self, x, op=..., *, out=..., ...):     return self._engine.start("allreduce", x, out, op, ...)
+      -> allreduce_init(...):                               return self._engine.persistent("allreduce", ...)
+
+The source of each method is written out and compiled, so that a call binds its arguments as
+fast as a hand-written method; `inspect.signature` and the API reference show its parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def method(owner: type, name: str, parameters: Sequence[inspect.Parameter], body: str, doc: str,
+           returns: str, module: str) -> Callable[..., Any]:
+    """A function `name(self, <parameters>)` whose body is the one line `body` (which may name
+    the parameters and `self`), documented by `doc`, for the class `owner` of module `module`."""
+    defaults = {f"_default_{p.name}": p.default for p in parameters if p.default is not p.empty}
+    listed, keyword_only = ["self"], False
+    for p in parameters:
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            listed.append("*")
+            keyword_only = True
+        listed.append(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}")
+    namespace: dict[str, Any] = dict(defaults)
+    exec(f"def {name}({', '.join(listed)}):\n    {body}\n", namespace)  # noqa: S102 - built from signatures here
+    function = namespace[name]
+    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    function.__signature__ = inspect.Signature([self_parameter, *parameters], return_annotation=returns)
+    function.__qualname__ = f"{owner.__name__}.{name}"
+    function.__module__ = module
+    function.__doc__ = doc
+    return function
+
+
+def parameters_of(function: Callable[..., Any]) -> list[inspect.Parameter]:
+    """A method's parameters after `self`."""
+    return list(inspect.signature(function).parameters.values())[1:]
