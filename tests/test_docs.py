@@ -218,7 +218,7 @@ def test_the_headline_figures_come_from_the_pages_they_cite():
 
 # A figure quoted away from the page that measured it is written as a link to the section that
 # did: [1.10 us](engine.md#where-...). The figures of such a link must be in that section.
-QUOTED = re.compile(r"\[(\d[\d,.]*(?:-\d[\d,.]*)?(?:\s*(?:us|ms|s|GB/s|x|%))?)\]\(([^)\s]+)\)")
+QUOTED = re.compile(r"\[([+~]?\d[\d,.]*(?:-\d[\d,.]*)?(?:\s*(?:us|ms|s|GB/s|x|%))?)\]\(([^)\s]+)\)")
 
 
 def test_quoted_figures_equal_their_source():
@@ -360,3 +360,126 @@ def test_the_text_speaks_of_the_project():
              for path in paths for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if PROCESS.search(line)]
     assert not found, "\n".join(found)
+
+
+# One truth per figure. A measured figure lives in one results part, which names the command,
+# date, version and commit it came from; anywhere else it is quoted as a link to that section
+# (QUOTED above, checked by test_quoted_figures_equal_their_source) or given as a link with
+# no figure at all. The results parts: whole pages, sections of design pages (by anchor), and
+# blocks a script writes between <!-- BEGIN ... --> and <!-- END ... --> markers.
+RESULTS_PAGES = {"benchmarks.md", "benchmarks-cluster.md", "measurements.md", "CHANGELOG.md"}
+RESULTS_SECTIONS = {
+    "gpu.md": ["results-on-an-h100"],
+    "training.md": ["memory-traffic-and-time-measured"],
+    "pytorch-and-jax.md": ["3-the-example-ddp-and-fsdp",
+                           "4-all-reduce-torchdistributed-on-mpiring-mpiring-itself-gloo"],
+}
+# A time, a rate, a ratio or a speed-up: "2.5 us", "1.2-3 ms", "5.70 GB/s", "3.3x", "0.95 s",
+# "12% faster". (Whole seconds are left out: they are the timeouts and bounds of the docs.)
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+MEASURED = re.compile(
+    rf"(?<![\w.+/-])[+~]?{_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*(?:us|µs|ms|GB/s|MB/s)(?![\w/])"
+    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?x\b"
+    rf"|(?<![\w.+/-])\d+\.\d+(?:\s*[-–]\s*{_NUMBER})?\s+s\b"
+    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*%\s+(?:faster|slower)\b"
+)
+# Figures that are not measurements: settings and constants of the code, link speeds, and the
+# published figures of other projects, each with the page it appears on.
+NOT_MEASURED = {
+    ("engine.md", "10 ms"),          # waiting.YIELD_SECONDS
+    ("engine.md", "20 ms"),          # waiting's watch period
+    ("reliability.md", "10 ms"),
+    ("reliability.md", "10 us"),     # the timed poll's first pause, doubling ...
+    ("reliability.md", "1 ms"),      # ... to this
+    ("algorithms.md", "10 us"),
+    ("algorithms.md", "1 ms"),
+    ("engine.md", "50 ms"),          # the bound on naming a mismatch: two looks of the watch
+    ("errors.md", "50 ms"),
+}
+# Sections whose figures are the cost model's assumed fabric parameters (with their published
+# sources) and its own predictions, not measurements.
+NOT_MEASURED_SECTIONS = {
+    "cost-model.md": ["fabrics", "projection-16-to-1024-nodes-x-8-ranks-on-200-gbs-infiniband"],
+}
+
+
+def results_text(page: pathlib.Path) -> str:
+    """The parts of a page that are results: the whole of a results page, its results sections,
+    and its generated blocks."""
+    if page.name in RESULTS_PAGES:
+        return page.read_text()
+    parts = [section_of(page, anchor) for anchor in RESULTS_SECTIONS.get(page.name, [])]
+    parts += re.findall(r"<!-- BEGIN .*?<!-- END [^>]*-->", page.read_text(), re.S)
+    return "\n".join(parts)
+
+
+def prose_outside_results(page: pathlib.Path) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside code blocks and outside the page's results parts,
+    inline code and links to a figure's source blanked out."""
+    if page.name in RESULTS_PAGES:
+        return []
+    results = set(results_text(page).splitlines())
+    for anchor in NOT_MEASURED_SECTIONS.get(page.name, []):
+        results |= set(section_of(page, anchor).splitlines())
+    found = []
+    for number, line in outside_code_blocks(page):
+        if line.strip() and line in results:
+            continue
+        line = re.sub(r"`[^`]*`", "``", line)
+        found.append((number, QUOTED.sub("", line)))
+    return found
+
+
+DOC_PAGES = PAGES
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_measured_figures_live_on_results_pages(page):
+    """A time, rate, ratio or speed-up outside the results parts is either a link to the section
+    that measured it (`[+17.5 us](measurements.md#...)`) or one of NOT_MEASURED."""
+    name = page.name if page.parent.name == "docs" else str(page.relative_to(ROOT))
+    stray = [f"{page.relative_to(ROOT)}:{number}: {match[0]!r} in: {line.strip()}"
+             for number, line in prose_outside_results(page) for match in MEASURED.finditer(line)
+             if (name, match[0].strip()) not in NOT_MEASURED]
+    assert not stray, "measured figures outside the results pages (link them to their source):\n" + "\n".join(stray)
+
+
+def test_the_results_parts_say_where_their_figures_come_from():
+    """Every results page and section names a commit, an mpiring version and a command."""
+    for page in sorted({*(ROOT / "docs" / name for name in RESULTS_PAGES - {"CHANGELOG.md"}),
+                        *(ROOT / "docs" / name for name in RESULTS_SECTIONS)}):
+        texts = ([page.read_text()] if page.name in RESULTS_PAGES
+                 else [section_of(page, anchor) for anchor in RESULTS_SECTIONS[page.name]])
+        for text in texts:
+            where = f"{page.name}: {text.splitlines()[0]}"
+            assert re.search(r"\bcommit [0-9a-f]{7}", text), f"no commit in {where}"
+            assert re.search(r"mpiring \d+\.\d+\.\d+", text), f"no mpiring version in {where}"
+            command = re.search(r"(?:`|^)(?:[A-Z_]+=\S+ )*(?:mpirun|mpiexec|python3?)\b", text, re.M)
+            assert command, f"no command in {where}"
+
+
+def test_each_measurements_section_names_its_commit():
+    """measurements.md gathers runs of many commits: each section names its own."""
+    page = ROOT / "docs" / "measurements.md"
+    for anchor in anchors(page) - {"measurements"}:
+        text = section_of(page, anchor)
+        if text.startswith("## "):
+            assert re.search(r"\bcommits? [0-9a-f]{7}", text), f"measurements.md#{anchor} names no commit"
+
+
+# Source files whose figures are settings of the code or published parameters with their source.
+SETTINGS_FILES = {"mpiring/cost_model.py", "mpiring/engine/waiting.py", "mpiring/cluster/network.py",
+                  "mpiring/consistency.py", "scripts/build_api_docs.py"}
+
+
+def test_the_code_quotes_no_measured_figure():
+    """Comments and docstrings point to the results page instead of quoting a figure of it."""
+    stray = []
+    for folder in ("mpiring", "examples", "scripts", "slurm"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            name = str(path.relative_to(ROOT))
+            if path.suffix in (".py", ".c", ".sh", ".sbatch") and path.is_file() and name not in SETTINGS_FILES:
+                stray += [f"{name}:{number}: {line.strip()}"
+                          for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                          if MEASURED.search(line)]
+    assert not stray, "\n".join(stray)
