@@ -483,3 +483,39 @@ def test_the_code_quotes_no_measured_figure():
                           for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
                           if MEASURED.search(line)]
     assert not stray, "\n".join(stray)
+
+
+# History belongs in CHANGELOG.md. The pages, comments and docstrings say what is, not what was:
+# no before/after of the project, no dates but a results part's own provenance. The forms below
+# are the common ones; ordinary present-tense "now" and "no longer" (of a running program) pass.
+HISTORY = re.compile(
+    r"\b(?:(?:we|it|this|that|mpiring|they) used to|previously|formerly|originally|nowadays|until now"
+    r"|not yet (?:understood|found|measured|implemented|explained)|not (?:understood|known|found) yet"
+    r"|cause is (?:not (?:yet )?(?:known|found|understood)|unknown)|goals? (?:were |was )?(?:met|missed)"
+    r"|went from|(?:dropped|fell|rose|grew) from \d|re-?measured|(?:changed|improved|regressed) since"
+    r"|since (?:version |v)?\d+\.\d+|(?:before|after|until|as of) (?:version |v)?\d+\.\d+\.\d+"
+    r"|in (?:an? |the )?(?:earlier|older|previous|former) (?:version|release|commit)s?"
+    r"|(?:earlier|older|previous) (?:versions?|releases?|commits?) of mpiring|(?:last|latest) full run)\b",
+    re.I,
+)
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page != CHANGELOG],
+                         ids=lambda page: str(page.relative_to(ROOT)))
+def test_the_pages_tell_no_history(page):
+    results = results_text(page)
+    told = [f"{page.relative_to(ROOT)}:{number}: {line.strip()}" for number, line in outside_code_blocks(page)
+            if HISTORY.search(line) or (DATE.search(line) and not (line.strip() and line in results))]
+    assert not told, "history outside CHANGELOG.md:\n" + "\n".join(told)
+
+
+def test_the_code_tells_no_history():
+    told = []
+    for folder in ("mpiring", "examples", "scripts", "slurm", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".c", ".sh", ".sbatch") and path.is_file() and path.name != "test_docs.py":
+                told += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                         if HISTORY.search(line)]
+    assert not told, "history outside CHANGELOG.md:\n" + "\n".join(told)
