@@ -519,3 +519,104 @@ def test_the_code_tells_no_history():
                          for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
                          if HISTORY.search(line)]
     assert not told, "history outside CHANGELOG.md:\n" + "\n".join(told)
+
+
+# Every command line the docs quote for mpiring's own programs parses with today's parsers: the
+# command's arguments go to the program's own argparse parser, which is stopped once it has parsed
+# (a parse_known_args that raises), so nothing runs. Commands with placeholders (`-n N`, `-c C`,
+# `a|b`, `...`) are left out; their programs still appear in concrete commands elsewhere.
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S*\s+)*(?:(?:mpirun|mpiexec|srun)(?:\s+-(?:n|np)\s+\d+)?\s+)?"
+                     r"(?:(python3?)\s+(-m\s+\S+|\S+\.py)|(mpiring-bench|mpiring))(\s.*)?$")
+NOT_OURS = {"pytest", "pip", "venv", "mpi4py", "build"}
+# `-n N`, `-c C`, `a|b`, `up/run/down`, `...`, `<file>`, `[--flag]`, `$VAR`, or a pipeline.
+PLACEHOLDER = re.compile(r"\|\||&&|\||\.\.\.|[<>\[\]$]|(?:^|\s)[A-Z](?:\s|$)|\s\w+(?:/\w+)+(?:\s|$)")
+WITHOUT_ARGUMENTS = {"examples/collectives_tour.py", "scripts/measure_busy_poll.py"}  # no parser: they would run
+PARSE_ONLY = r'''
+import argparse, json, os, runpy, sys
+class Parsed(SystemExit): pass  # a SystemExit, which a program's catch-all handlers let through
+class Unrecognized(SystemExit): pass
+original, depth = argparse.ArgumentParser.parse_known_args, [0]
+def parse_known_args(self, args=None, namespace=None):
+    depth[0] += 1
+    try:
+        ns, rest = original(self, args, namespace)
+    finally:
+        depth[0] -= 1
+    if depth[0] or (self.prog == "mpiring" and getattr(ns, "command", None) == "model"):
+        return ns, rest  # a subparser's part, or the part `mpiring model` hands on to the cost model
+    if rest:
+        raise Unrecognized(" ".join(rest))
+    raise Parsed
+argparse.ArgumentParser.parse_known_args = parse_known_args
+results = []
+for kind, target, argv in json.load(sys.stdin):
+    sys.argv = [target, *argv]
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(target))  # as `python script.py` does
+            runpy.run_path(target, run_name="__main__")
+        results.append("ran without parsing its arguments")
+    except Parsed:
+        results.append("")
+    except Unrecognized as error:
+        results.append(f"unrecognized arguments: {error.code}")
+    except SystemExit as error:  # --help or --version: 0
+        results.append(f"exit {error.code}" if error.code else "")
+    except BaseException as error:
+        results.append(f"{type(error).__name__}: {error}")
+sys.stdout = sys.__stdout__
+print("\nRESULTS " + json.dumps(results))
+'''
+
+
+def quoted_commands() -> list[tuple[str, str, str, list[str]]]:
+    """(where, kind, target, arguments) of each command of mpiring's own programs in the docs."""
+    import shlex
+
+    found = []
+    for page in PAGES:
+        if page.name in ("api-reference.md", "CHANGELOG.md"):
+            continue
+        lines = [line for language, block in code_blocks(page) if language in ("bash", "sh", "shell", "")
+                 for line in block.splitlines()]
+        lines += [match[2] for _, line in outside_code_blocks(page) for match in re.finditer(r"(`+)(.+?)\1", line)]
+        for line in lines:
+            line = line.split(" #")[0].strip()
+            match = COMMAND.match(line)
+            if not match or PLACEHOLDER.search(line):
+                continue
+            try:
+                rest = shlex.split(match[4] or "")
+            except ValueError:  # a fragment cut at an inline code span's end
+                continue
+            program = match[2] or match[3]
+            if program.startswith("-m"):
+                kind, target = "module", program.split()[1]
+            elif program.endswith(".py"):
+                kind, target = "path", str(ROOT / program)
+            else:
+                kind, target = "module", "mpiring.bench" if program == "mpiring-bench" else "mpiring"
+            if kind == "module" and target in NOT_OURS or not rest and target in ("mpiring", "mpiring.cluster") \
+                    or rest in (["cluster"], ["model"]):
+                continue  # another project's program, or the name of mpiring's command (group) in prose
+            if kind == "path" and (not pathlib.Path(target).exists() or program in WITHOUT_ARGUMENTS):
+                continue
+            found.append((f"{page.relative_to(ROOT)}: {line}", kind, target, rest))
+    return found
+
+
+def test_the_quoted_commands_parse():
+    commands = quoted_commands()
+    assert len(commands) >= 50
+    request = json.dumps([[kind, target, argv] for _, kind, target, argv in commands])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIRING_SKIP_LAUNCH_CHECK="1")
+    result = subprocess.run([sys.executable, "-c", PARSE_ONLY], input=request, capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=300)
+    assert "\nRESULTS " in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    results = json.loads(result.stdout.rpartition("\nRESULTS ")[2])
+    optional = ("No module named 'torch'", "No module named 'cupy'")  # the extras a program may need
+    wrong = [f"{where}: {outcome}" for (where, *_), outcome in zip(commands, results, strict=True)
+             if outcome and not outcome.endswith(optional)]
+    assert not wrong, "\n".join(wrong)
