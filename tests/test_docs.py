@@ -620,3 +620,37 @@ def test_the_quoted_commands_parse():
     wrong = [f"{where}: {outcome}" for (where, *_), outcome in zip(commands, results, strict=True)
              if outcome and not outcome.endswith(optional)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_path_through_the_docs():
+    """The README leads to the path; the path goes tour, options, nonblocking, persistent, GPU,
+    clusters, each step linking its page (the links resolve: test_every_relative_link_resolves);
+    and the tour shows every collective."""
+    assert "](docs/README.md#a-path-through-the-docs)" in README.read_text()
+    path = section_of(ROOT / "docs" / "README.md", "a-path-through-the-docs")
+    steps = re.findall(r"^\d+\. \*\*(.+?)\*\*(.*?)(?=^\d+\. |\Z)", path, re.M | re.S)
+    expected = [("tour", "examples/collectives_tour.py"), ("options", "api.md#options-every-call-takes"),
+                ("nonblocking", "api.md#nonblocking-collectives"),
+                ("persistent", "api.md#repeated-calls-and-persistent-requests"), ("gpu", "gpu.md"),
+                ("clusters", "cluster.md")]
+    assert len(steps) == len(expected), steps
+    for (title, text), (word, target) in zip(steps, expected, strict=True):
+        assert word in title.lower() and target in text, f"step {title!r} should be about {word}, with {target}"
+    tour = (ROOT / "examples" / "collectives_tour.py").read_text()
+    from mpiring.catalogue import NAMES
+
+    missing = [name for name in NAMES if f"comm.{name}(" not in tour]
+    assert not missing, f"examples/collectives_tour.py does not show {missing}"
+
+
+def test_the_docs_name_no_variable_the_code_does_not_read():
+    """The reverse of test_every_environment_variable_is_documented: a MPIRING_* name in the pages
+    (the changelog aside, which may name retired ones) is read somewhere."""
+    read = set()
+    for folder in ("mpiring", "slurm", "scripts", "tests", "examples", ".ci"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".c", ".sh", ".sbatch", "") and "__pycache__" not in str(path):
+                read |= set(VARIABLE.findall(path.read_text(errors="replace")))
+    named = {f"{name} ({page.relative_to(ROOT)})" for page in PAGES if page != CHANGELOG
+             for name in VARIABLE.findall(page.read_text()) if name not in read}
+    assert not named, sorted(named)
