@@ -446,10 +446,12 @@ def test_measured_figures_live_on_results_pages(page):
 
 def test_the_results_parts_say_where_their_figures_come_from():
     """Every results page and section names a commit, an mpiring version and a command."""
-    for page in sorted({*(ROOT / "docs" / name for name in RESULTS_PAGES - {"CHANGELOG.md"}),
-                        *(ROOT / "docs" / name for name in RESULTS_SECTIONS)}):
-        texts = ([page.read_text()] if page.name in RESULTS_PAGES
-                 else [section_of(page, anchor) for anchor in RESULTS_SECTIONS[page.name]])
+    for page in [README, ROOT / "slurm" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.name in RESULTS_PAGES:
+            texts = [page.read_text()]
+        else:
+            texts = [section_of(page, anchor) for anchor in RESULTS_SECTIONS.get(page.name, [])]
+            texts += re.findall(r"<!-- BEGIN .*?<!-- END [^>]*-->", page.read_text(), re.S)
         for text in texts:
             where = f"{page.name}: {text.splitlines()[0]}"
             assert re.search(r"\bcommit [0-9a-f]{7}", text), f"no commit in {where}"
