@@ -374,14 +374,14 @@ RESULTS_SECTIONS = {
     "pytorch-and-jax.md": ["3-the-example-ddp-and-fsdp",
                            "4-all-reduce-torchdistributed-on-mpiring-mpiring-itself-gloo"],
 }
-# A time, a rate, a ratio or a speed-up: "2.5 us", "1.2-3 ms", "5.70 GB/s", "3.3x", "0.95 s",
-# "12% faster". (Whole seconds are left out: they are the timeouts and bounds of the docs.)
+# A time, a rate, a ratio, a speed-up or a share: "2.5 us", "1.2-3 ms", "5.70 GB/s", "3.3x",
+# "0.95 s", "12%". (Whole seconds are left out: they are the timeouts and bounds of the docs.)
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
 MEASURED = re.compile(
     rf"(?<![\w.+/-])[+~]?{_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*(?:us|µs|ms|GB/s|MB/s)(?![\w/])"
     rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?x\b"
     rf"|(?<![\w.+/-])\d+\.\d+(?:\s*[-–]\s*{_NUMBER})?\s+s\b"
-    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*%\s+(?:faster|slower)\b"
+    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*%"
 )
 # Figures that are not measurements: settings and constants of the code, link speeds, and the
 # published figures of other projects, each with the page it appears on.
@@ -395,6 +395,10 @@ NOT_MEASURED = {
     ("algorithms.md", "1 ms"),
     ("engine.md", "50 ms"),          # the bound on naming a mismatch: two looks of the watch
     ("errors.md", "50 ms"),
+    ("gpu.md", "36%"),               # the IPC design's bound, 1/2.75, and what two changes would lift it to
+    ("gpu.md", "44%"),
+    ("gpu.md", "50%"),
+    ("training.md", "1%"),           # the tolerance of a test
 }
 # Sections whose figures are the cost model's assumed fabric parameters (with their published
 # sources) and its own predictions, not measurements.
@@ -483,7 +487,7 @@ def test_the_code_quotes_no_measured_figure():
             if path.suffix in (".py", ".c", ".sh", ".sbatch") and path.is_file() and name not in SETTINGS_FILES:
                 stray += [f"{name}:{number}: {line.strip()}"
                           for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-                          if MEASURED.search(line)]
+                          if any(not match[0].endswith("%") for match in MEASURED.finditer(line))]  # % is modulo
     assert not stray, "\n".join(stray)
 
 
