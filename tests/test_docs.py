@@ -660,3 +660,17 @@ def test_the_docs_name_no_variable_the_code_does_not_read():
     named = {f"{name} ({page.relative_to(ROOT)})" for page in PAGES if page != CHANGELOG
              for name in VARIABLE.findall(page.read_text()) if name not in read}
     assert not named, sorted(named)
+
+
+def test_the_code_cites_pages_that_exist():
+    """A docs/<page>.md(#anchor) named in a comment, docstring or script resolves, as a link would."""
+    broken = []
+    for folder in ("mpiring", "scripts", "examples", "tests", "slurm", ".ci"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".c", ".sh", ".sbatch", "") and "__pycache__" not in str(path):
+                for name, anchor in re.findall(r"\bdocs/([A-Za-z0-9_.-]+\.md)(?:#([a-z0-9_-]+))?",
+                                               path.read_text(errors="replace")):
+                    page = ROOT / "docs" / name
+                    if not page.exists() or anchor and anchor not in anchors(page):
+                        broken.append(f"{path.relative_to(ROOT)}: docs/{name}{'#' + anchor if anchor else ''}")
+    assert not broken, broken
