@@ -386,8 +386,8 @@ MEASURED = re.compile(
     rf"|(?<![\w.+/-])\d+\.\d+(?:\s*[-–]\s*{_NUMBER})?\s+s\b"
     rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*%"
 )
-# Figures that are not measurements: settings and constants of the code, link speeds, and the
-# published figures of other projects, each with the page it appears on.
+# Figures that are not measurements: settings, bounds and tolerances of the code, each with the
+# page it appears on.
 NOT_MEASURED = {
     ("engine.md", "10 ms"),          # waiting.YIELD_SECONDS
     ("engine.md", "20 ms"),          # waiting's watch period
@@ -437,12 +437,9 @@ def prose_outside_results(page: pathlib.Path) -> list[tuple[int, str]]:
     return found
 
 
-DOC_PAGES = PAGES
-
-
-@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_measured_figures_live_on_results_pages(page):
-    """A time, rate, ratio or speed-up outside the results parts is either a link to the section
+    """A time, rate, ratio, speed-up or share outside the results parts is either a link to the section
     that measured it (`[+17.5 us](measurements.md#...)`) or one of NOT_MEASURED."""
     name = page.name if page.parent.name == "docs" else str(page.relative_to(ROOT))
     stray = [f"{page.relative_to(ROOT)}:{number}: {match[0]!r} in: {line.strip()}"
