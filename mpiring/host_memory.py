@@ -2,11 +2,11 @@
 
 On one node an MPI library moves a large message with one copy out of the sender's pages
 (CMA or a shared-memory pipeline), and it pays per page of the source: from the sender's 4 KiB
-pages a message takes 1.4x the time it takes from 2 MiB pages at 64 KiB, and 2-2.5x from
-256 KiB up, with either MPI wheel (docs/benchmarks.md, "Buffers and pages"). NumPy asks the
+pages a message takes longer than from 2 MiB pages from 64 KiB up, with either MPI wheel
+(docs/benchmarks.md, "Buffers and pages", has the figures). NumPy asks the
 kernel for huge pages only for arrays of 4 MiB and up, and only memory that was never touched
 can get them: whether a malloc'd array gets them depends on what the process freed before. So
-the same call on two equal arrays can differ by 2x.
+the same call on two equal arrays can differ that much.
 
 `empty` gives a large array its own anonymous mapping, 2 MiB-aligned and marked MADV_HUGEPAGE
 before the first touch, so that every whole 2 MiB of it can be a huge page wherever the
@@ -72,8 +72,8 @@ def empty(shape: int | tuple[int, ...], dtype: Any = numpy.float64, *,
     `huge_from` bytes (64 KiB) up where the kernel offers them (see the module's text).
 
     Allocate long-lived communication buffers (gradients, parameters, receive buffers) with it:
-    on one node MPI sends from them about 1.4x faster than from 4 KiB pages at 64 KiB, and 2-2.5x
-    from 256 KiB up. An array takes whole 2 MiB pages: a 64 KiB one holds 2 MiB of memory.
+    on one node MPI sends from them faster than from 4 KiB pages from 64 KiB up (docs/benchmarks.md,
+    "Buffers and pages"). An array takes whole 2 MiB pages: a 64 KiB one holds 2 MiB of memory.
     """
     dtype = numpy.dtype(dtype)
     nbytes = (int(shape) if isinstance(shape, (int, numpy.integer)) else math.prod(shape)) * dtype.itemsize

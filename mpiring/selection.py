@@ -42,11 +42,11 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     # at 2 ranks the tree is one message of the input, received into the result (Open MPI's own
     # reduce); at 4 and 8 ranks, above 256 KiB, a reduce-scatter and a gather with every message
     # in flight at once (scattered) tie or beat it with both wheels (at 128-256 KiB the tree won
-    # by up to 1.8x once buffers had 2 MiB pages), and the ring lost at every size
+    # on buffers of 2 MiB pages), and the ring lost at every size
     "reduce": [(2, None, "binomial"), (None, 256 << 10, "binomial"), (8, None, "scattered"),
                (None, 1 << 20, "binomial"), (None, None, "ring")],
     # above 64 KiB at up to 8 ranks, both halves with every message in flight at once (scattered)
-    # beat the ring and Rabenseifner at 4 and 8 ranks with both wheels, up to 2.3x at 1 MiB; at 2
+    # beat the ring and Rabenseifner at 4 and 8 ranks with both wheels; at 2
     # ranks all three send the same two messages
     "allreduce": [(None, 64 << 10, "recursive_doubling"), (8, None, "scattered"), (None, 1 << 20, "rabenseifner"),
                   (None, None, "ring")],
@@ -60,8 +60,8 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
     # moves n/2 lg p bytes in all to its n (p-1)/2, and won at 4 and 8 ranks up to 32 MiB
     "scatter": [(8, None, "linear"), (None, None, "binomial")],
     # every input chunk straight to its owner, all at once (scattered), beat the ring and
-    # recursive halving from 128 KiB up at 4 ranks with both wheels (and still did with 2 MiB
-    # pages: 2 MiB 288 us against the ring's 1140); at 8 ranks it was within the runs' noise
+    # recursive halving from 128 KiB up at 4 ranks with both wheels (on 2 MiB pages too); at 8
+    # ranks it was within the runs' noise (the figures: docs/measurements.md)
     "reduce_scatter": [(None, 128 << 10, "recursive_halving"), (8, None, "scattered"),
                        (None, 1 << 20, "recursive_halving"), (None, None, "ring")],
     "barrier": [(None, None, "dissemination")],
@@ -82,7 +82,7 @@ SWITCH_POINTS: dict[str, list[tuple[int | None, int | None, str]]] = {
 # choice to SWITCH_POINTS. Collectives not named here run their flat algorithms on any nodes.
 # Measured on the emulated cluster (docs/benchmarks-cluster.md): the single-leader all-reduce
 # crosses the network in one exchange of the leaders and won to 4 KiB; from 32 KiB every lane
-# driving the link at once won, and at 2 MiB-16 MiB beat the flat algorithms by 1.4-2.2x.
+# driving the link at once won, and at 2 MiB-16 MiB beat the flat algorithms.
 FLAT = "flat"
 NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "allreduce": [(16 << 10, "node_leader"), (None, "node_lanes")],

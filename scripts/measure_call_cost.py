@@ -24,8 +24,11 @@ the mean over ranks:
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
+import platform
+import subprocess
 
 import numpy as np
 from mpi4py import MPI
@@ -36,7 +39,21 @@ from mpiring.engine import compiled
 from mpiring.engine.executor import run_recorded
 
 MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP = 20  # untimed calls of each variant
+
+
+def provenance(write: str | None) -> str:
+    """The version, commit, date, machine and command the table comes from."""
+    def git(*words: str) -> str:
+        return subprocess.run(["git", "-C", ROOT, *words], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", "mpiring", "setup.py", "setup.cfg"):
+        commit += " with uncommitted changes to the package"
+    command = "mpirun -n 2 python scripts/measure_call_cost.py" + (f" --write {write}" if write else "")
+    return (f"mpiring {mpiring.__version__} at commit {commit}, {datetime.date.today().isoformat()}; "
+            f"{platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; `{command}`.")
 
 
 def main() -> None:
@@ -105,7 +122,7 @@ def main() -> None:
         return
     native = us["native `Allreduce`"]
     library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
-    lines = [f"{args.bytes}-byte float32 all-reduce, 2 ranks, {library}, "
+    lines = [provenance(args.write), "", f"{args.bytes}-byte float32 all-reduce, 2 ranks, {library}, "
              f"{timing.describe(args.calls, args.rounds, WARMUP)}:", "",
              "| variant | us per call | x native |", "| --- | --- | --- |"]
     for name, value in us.items():

@@ -1,9 +1,12 @@
 """The documentation against the code: every relative link resolves, every environment variable
-is documented, the commands and code in the docs parse, the README's example runs at 2 ranks, its
-headline figures are in the sections they cite, a figure quoted as a link is in the section it
-links to, benchmarks.md's efficiency sentence is its tables', the guides exist and are linked,
-the API reference is current with the docstrings, the changelog has the current version, and the
-text speaks of the project rather than of how it was made. Serial; a few seconds."""
+is documented and every one the pages name is read, the commands in the docs parse (shell and
+Python syntax, and mpiring's own command lines against their parsers), the README's example runs
+at 2 ranks, its headline figures are in the sections they cite, a figure quoted as a link is in
+the section it links to, no measured figure stands outside a results part (which names its
+commit, version and command), benchmarks.md's efficiency sentence is its tables', the guides
+exist and are linked, the path through the docs is in order, the API reference is current with
+the docstrings, the changelog has the current version, and the text speaks of the project as it
+is rather than of how it was made or what it was. Serial; a few seconds."""
 
 from __future__ import annotations
 
@@ -218,7 +221,7 @@ def test_the_headline_figures_come_from_the_pages_they_cite():
 
 # A figure quoted away from the page that measured it is written as a link to the section that
 # did: [1.10 us](engine.md#where-...). The figures of such a link must be in that section.
-QUOTED = re.compile(r"\[(\d[\d,.]*(?:-\d[\d,.]*)?(?:\s*(?:us|ms|s|GB/s|x|%))?)\]\(([^)\s]+)\)")
+QUOTED = re.compile(r"\[([+~]?\d[\d,.]*(?:-\d[\d,.]*)?(?:\s*(?:us|ms|s|GB/s|x|%))?)\]\(([^)\s]+)\)")
 
 
 def test_quoted_figures_equal_their_source():
@@ -360,3 +363,314 @@ def test_the_text_speaks_of_the_project():
              for path in paths for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if PROCESS.search(line)]
     assert not found, "\n".join(found)
+
+
+# One truth per figure. A measured figure lives in one results part, which names the command,
+# date, version and commit it came from; anywhere else it is quoted as a link to that section
+# (QUOTED above, checked by test_quoted_figures_equal_their_source) or given as a link with
+# no figure at all. The results parts: whole pages, sections of design pages (by anchor), and
+# blocks a script writes between <!-- BEGIN ... --> and <!-- END ... --> markers.
+RESULTS_PAGES = {"benchmarks.md", "benchmarks-cluster.md", "measurements.md", "CHANGELOG.md"}
+RESULTS_SECTIONS = {
+    "gpu.md": ["results-on-an-h100"],
+    "training.md": ["memory-traffic-and-time-measured"],
+    "pytorch-and-jax.md": ["3-the-example-ddp-and-fsdp",
+                           "4-all-reduce-torchdistributed-on-mpiring-mpiring-itself-gloo"],
+}
+# A time, a rate, a ratio, a speed-up or a share: "2.5 us", "1.2-3 ms", "5.70 GB/s", "3.3x",
+# "0.95 s", "12%". (Whole seconds are left out: they are the timeouts and bounds of the docs.)
+_NUMBER = r"\d[\d,]*(?:\.\d+)?"
+MEASURED = re.compile(
+    rf"(?<![\w.+/-])[+~]?{_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*(?:us|µs|ms|GB/s|MB/s)(?![\w/])"
+    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?x\b"
+    rf"|(?<![\w.+/-])\d+\.\d+(?:\s*[-–]\s*{_NUMBER})?\s+s\b"
+    rf"|(?<![\w.+/-]){_NUMBER}(?:\s*[-–]\s*{_NUMBER})?\s*%"
+)
+# Figures that are not measurements: settings, bounds and tolerances of the code, each with the
+# page it appears on.
+NOT_MEASURED = {
+    ("engine.md", "10 ms"),          # waiting.YIELD_SECONDS
+    ("engine.md", "20 ms"),          # waiting's watch period
+    ("reliability.md", "10 ms"),
+    ("reliability.md", "10 us"),     # the timed poll's first pause, doubling ...
+    ("reliability.md", "1 ms"),      # ... to this
+    ("algorithms.md", "10 us"),
+    ("algorithms.md", "1 ms"),
+    ("engine.md", "50 ms"),          # the bound on naming a mismatch: two looks of the watch
+    ("errors.md", "50 ms"),
+    ("gpu.md", "36%"),               # the IPC design's bound, 1/2.75, and what two changes would lift it to
+    ("gpu.md", "44%"),
+    ("gpu.md", "50%"),
+    ("training.md", "1%"),           # the tolerance of a test
+}
+# Sections whose figures are the cost model's assumed fabric parameters (with their published
+# sources) and its own predictions, not measurements.
+NOT_MEASURED_SECTIONS = {
+    "cost-model.md": ["fabrics", "projection-16-to-1024-nodes-x-8-ranks-on-200-gbs-infiniband"],
+}
+
+
+def results_text(page: pathlib.Path) -> str:
+    """The parts of a page that are results: the whole of a results page, its results sections,
+    and its generated blocks."""
+    if page.name in RESULTS_PAGES:
+        return page.read_text()
+    parts = [section_of(page, anchor) for anchor in RESULTS_SECTIONS.get(page.name, [])]
+    parts += re.findall(r"<!-- BEGIN .*?<!-- END [^>]*-->", page.read_text(), re.S)
+    return "\n".join(parts)
+
+
+def prose_outside_results(page: pathlib.Path) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside code blocks and outside the page's results parts,
+    inline code and links to a figure's source blanked out."""
+    if page.name in RESULTS_PAGES:
+        return []
+    results = set(results_text(page).splitlines())
+    for anchor in NOT_MEASURED_SECTIONS.get(page.name, []):
+        results |= set(section_of(page, anchor).splitlines())
+    found = []
+    for number, line in outside_code_blocks(page):
+        if line.strip() and line in results:
+            continue
+        line = re.sub(r"`[^`]*`", "``", line)
+        found.append((number, QUOTED.sub("", line)))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_measured_figures_live_on_results_pages(page):
+    """A time, rate, ratio, speed-up or share outside the results parts is either a link to the section
+    that measured it (`[+17.5 us](measurements.md#...)`) or one of NOT_MEASURED."""
+    name = page.name if page.parent.name == "docs" else str(page.relative_to(ROOT))
+    stray = [f"{page.relative_to(ROOT)}:{number}: {match[0]!r} in: {line.strip()}"
+             for number, line in prose_outside_results(page) for match in MEASURED.finditer(line)
+             if (name, match[0].strip()) not in NOT_MEASURED]
+    assert not stray, "measured figures outside the results pages (link them to their source):\n" + "\n".join(stray)
+
+
+def test_the_results_parts_say_where_their_figures_come_from():
+    """Every results page and section names a commit, an mpiring version and a command."""
+    for page in [README, ROOT / "slurm" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.name in RESULTS_PAGES:
+            texts = [page.read_text()]
+        else:
+            texts = [section_of(page, anchor) for anchor in RESULTS_SECTIONS.get(page.name, [])]
+            texts += re.findall(r"<!-- BEGIN .*?<!-- END [^>]*-->", page.read_text(), re.S)
+        for text in texts:
+            where = f"{page.name}: {text.splitlines()[0]}"
+            assert re.search(r"\bcommit [0-9a-f]{7}", text), f"no commit in {where}"
+            assert re.search(r"mpiring \d+\.\d+\.\d+", text), f"no mpiring version in {where}"
+            command = re.search(r"(?:`|^)(?:[A-Z_]+=\S+ )*(?:mpirun|mpiexec|python3?)\b", text, re.M)
+            assert command, f"no command in {where}"
+
+
+def test_each_measurements_section_names_its_commit():
+    """measurements.md gathers runs of many commits: each section names its own."""
+    page = ROOT / "docs" / "measurements.md"
+    for anchor in anchors(page) - {"measurements"}:
+        text = section_of(page, anchor)
+        if text.startswith("## "):
+            assert re.search(r"\bcommits? [0-9a-f]{7}", text), f"measurements.md#{anchor} names no commit"
+
+
+# Source files whose figures are settings of the code or published parameters with their source.
+SETTINGS_FILES = {"mpiring/cost_model.py", "mpiring/engine/waiting.py", "mpiring/cluster/network.py",
+                  "mpiring/consistency.py", "scripts/build_api_docs.py"}
+
+
+def test_the_code_quotes_no_measured_figure():
+    """Comments and docstrings point to the results page instead of quoting a figure of it."""
+    stray = []
+    for folder in ("mpiring", "examples", "scripts", "slurm"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            name = str(path.relative_to(ROOT))
+            if path.suffix in (".py", ".c", ".sh", ".sbatch") and path.is_file() and name not in SETTINGS_FILES:
+                stray += [f"{name}:{number}: {line.strip()}"
+                          for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                          if any(not match[0].endswith("%") for match in MEASURED.finditer(line))]  # % is modulo
+    assert not stray, "\n".join(stray)
+
+
+# History belongs in CHANGELOG.md. The pages, comments and docstrings say what is, not what was:
+# no before/after of the project, no dates but a results part's own provenance. The forms below
+# are the common ones; ordinary present-tense "now" and "no longer" (of a running program) pass.
+HISTORY = re.compile(
+    r"\b(?:(?:we|it|this|that|mpiring|they) used to|previously|formerly|originally|nowadays|until now"
+    r"|not yet (?:understood|found|measured|implemented|explained)|not (?:understood|known|found) yet"
+    r"|cause is (?:not (?:yet )?(?:known|found|understood)|unknown)|goals? (?:were |was )?(?:met|missed)"
+    r"|went from|(?:dropped|fell|rose|grew) from \d|re-?measured|(?:changed|improved|regressed) since"
+    r"|since (?:version |v)?\d+\.\d+|(?:before|after|until|as of) (?:version |v)?\d+\.\d+\.\d+"
+    r"|in (?:an? |the )?(?:earlier|older|previous|former) (?:version|release|commit)s?"
+    r"|(?:earlier|older|previous) (?:versions?|releases?|commits?) of mpiring|(?:last|latest) full run)\b",
+    re.I,
+)
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if page != CHANGELOG],
+                         ids=lambda page: str(page.relative_to(ROOT)))
+def test_the_pages_tell_no_history(page):
+    results = results_text(page)
+    told = [f"{page.relative_to(ROOT)}:{number}: {line.strip()}" for number, line in outside_code_blocks(page)
+            if HISTORY.search(line) or (DATE.search(line) and not (line.strip() and line in results))]
+    assert not told, "history outside CHANGELOG.md:\n" + "\n".join(told)
+
+
+def test_the_code_tells_no_history():
+    told = []
+    for folder in ("mpiring", "examples", "scripts", "slurm", "tests"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix in (".py", ".c", ".sh", ".sbatch") and path.is_file() and path.name != "test_docs.py":
+                told += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                         if HISTORY.search(line)]
+    assert not told, "history outside CHANGELOG.md:\n" + "\n".join(told)
+
+
+# Every command line the docs quote for mpiring's own programs parses with today's parsers: the
+# command's arguments go to the program's own argparse parser, which is stopped once it has parsed
+# (a parse_known_args that raises), so nothing runs. Commands with placeholders (`-n N`, `-c C`,
+# `a|b`, `...`) are left out; their programs still appear in concrete commands elsewhere.
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S*\s+)*(?:(?:mpirun|mpiexec|srun)(?:\s+-(?:n|np)\s+\d+)?\s+)?"
+                     r"(?:(python3?)\s+(-m\s+\S+|\S+\.py)|(mpiring-bench|mpiring))(\s.*)?$")
+NOT_OURS = {"pytest", "pip", "venv", "mpi4py", "build"}
+# `-n N`, `-c C`, `a|b`, `up/run/down`, `...`, `<file>`, `[--flag]`, `$VAR`, or a pipeline.
+PLACEHOLDER = re.compile(r"\|\||&&|\||\.\.\.|[<>\[\]$]|(?:^|\s)[A-Z](?:\s|$)|\s\w+(?:/\w+)+(?:\s|$)")
+WITHOUT_ARGUMENTS = {"examples/collectives_tour.py", "scripts/measure_busy_poll.py"}  # no parser: they would run
+PARSE_ONLY = r'''
+import argparse, json, os, runpy, sys
+class Parsed(SystemExit): pass  # a SystemExit, which a program's catch-all handlers let through
+class Unrecognized(SystemExit): pass
+original, depth = argparse.ArgumentParser.parse_known_args, [0]
+def parse_known_args(self, args=None, namespace=None):
+    depth[0] += 1
+    try:
+        ns, rest = original(self, args, namespace)
+    finally:
+        depth[0] -= 1
+    if depth[0] or (self.prog == "mpiring" and getattr(ns, "command", None) == "model"):
+        return ns, rest  # a subparser's part, or the part `mpiring model` hands on to the cost model
+    if rest:
+        raise Unrecognized(" ".join(rest))
+    raise Parsed
+argparse.ArgumentParser.parse_known_args = parse_known_args
+results = []
+for kind, target, argv in json.load(sys.stdin):
+    sys.argv = [target, *argv]
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(target))  # as `python script.py` does
+            runpy.run_path(target, run_name="__main__")
+        results.append("ran without parsing its arguments")
+    except Parsed:
+        results.append("")
+    except Unrecognized as error:
+        results.append(f"unrecognized arguments: {error.code}")
+    except SystemExit as error:  # --help or --version: 0
+        results.append(f"exit {error.code}" if error.code else "")
+    except BaseException as error:
+        results.append(f"{type(error).__name__}: {error}")
+sys.stdout = sys.__stdout__
+print("\nRESULTS " + json.dumps(results))
+'''
+
+
+def quoted_commands() -> list[tuple[str, str, str, list[str]]]:
+    """(where, kind, target, arguments) of each command of mpiring's own programs in the docs."""
+    import shlex
+
+    found = []
+    for page in PAGES:
+        if page.name in ("api-reference.md", "CHANGELOG.md"):
+            continue
+        lines = [line for language, block in code_blocks(page) if language in ("bash", "sh", "shell", "")
+                 for line in block.splitlines()]
+        lines += [match[2] for _, line in outside_code_blocks(page) for match in re.finditer(r"(`+)(.+?)\1", line)]
+        for line in lines:
+            line = line.split(" #")[0].strip()
+            match = COMMAND.match(line)
+            if not match or PLACEHOLDER.search(line):
+                continue
+            try:
+                rest = shlex.split(match[4] or "")
+            except ValueError:  # a fragment cut at an inline code span's end
+                continue
+            program = match[2] or match[3]
+            if program.startswith("-m"):
+                kind, target = "module", program.split()[1]
+            elif program.endswith(".py"):
+                kind, target = "path", str(ROOT / program)
+            else:
+                kind, target = "module", "mpiring.bench" if program == "mpiring-bench" else "mpiring"
+            if kind == "module" and target in NOT_OURS or not rest and target in ("mpiring", "mpiring.cluster") \
+                    or rest in (["cluster"], ["model"]):
+                continue  # another project's program, or the name of mpiring's command (group) in prose
+            if kind == "path" and (not pathlib.Path(target).exists() or program in WITHOUT_ARGUMENTS):
+                continue
+            found.append((f"{page.relative_to(ROOT)}: {line}", kind, target, rest))
+    return found
+
+
+def test_the_quoted_commands_parse():
+    commands = quoted_commands()
+    assert len(commands) >= 50
+    request = json.dumps([[kind, target, argv] for _, kind, target, argv in commands])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPIRING_SKIP_LAUNCH_CHECK="1")
+    result = subprocess.run([sys.executable, "-c", PARSE_ONLY], input=request, capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=300)
+    assert "\nRESULTS " in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    results = json.loads(result.stdout.rpartition("\nRESULTS ")[2])
+    optional = ("No module named 'torch'", "No module named 'cupy'")  # the extras a program may need
+    wrong = [f"{where}: {outcome}" for (where, *_), outcome in zip(commands, results, strict=True)
+             if outcome and not outcome.endswith(optional)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_path_through_the_docs():
+    """The README leads to the path; the path goes tour, options, nonblocking, persistent, GPU,
+    clusters, each step linking its page (the links resolve: test_every_relative_link_resolves);
+    and the tour shows every collective."""
+    assert "](docs/README.md#a-path-through-the-docs)" in README.read_text()
+    path = section_of(ROOT / "docs" / "README.md", "a-path-through-the-docs")
+    steps = re.findall(r"^\d+\. \*\*(.+?)\*\*(.*?)(?=^\d+\. |\Z)", path, re.M | re.S)
+    expected = [("tour", "examples/collectives_tour.py"), ("options", "api.md#options-every-call-takes"),
+                ("nonblocking", "api.md#nonblocking-collectives"),
+                ("persistent", "api.md#repeated-calls-and-persistent-requests"), ("gpu", "gpu.md"),
+                ("clusters", "cluster.md")]
+    assert len(steps) == len(expected), steps
+    for (title, text), (word, target) in zip(steps, expected, strict=True):
+        assert word in title.lower() and target in text, f"step {title!r} should be about {word}, with {target}"
+    tour = (ROOT / "examples" / "collectives_tour.py").read_text()
+    from mpiring.catalogue import NAMES
+
+    missing = [name for name in NAMES if f"comm.{name}(" not in tour]
+    assert not missing, f"examples/collectives_tour.py does not show {missing}"
+
+
+def test_the_docs_name_no_variable_the_code_does_not_read():
+    """The reverse of test_every_environment_variable_is_documented: a MPIRING_* name in the pages
+    (the changelog aside, which may name retired ones) is read somewhere."""
+    read = set()
+    for folder in ("mpiring", "slurm", "scripts", "tests", "examples", ".ci"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".c", ".sh", ".sbatch", "") and "__pycache__" not in str(path):
+                read |= set(VARIABLE.findall(path.read_text(errors="replace")))
+    named = {f"{name} ({page.relative_to(ROOT)})" for page in PAGES if page != CHANGELOG
+             for name in VARIABLE.findall(page.read_text()) if name not in read}
+    assert not named, sorted(named)
+
+
+def test_the_code_cites_pages_that_exist():
+    """A docs/<page>.md(#anchor) named in a comment, docstring or script resolves, as a link would."""
+    broken = []
+    for folder in ("mpiring", "scripts", "examples", "tests", "slurm", ".ci"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".c", ".sh", ".sbatch", "") and "__pycache__" not in str(path):
+                for name, anchor in re.findall(r"\bdocs/([A-Za-z0-9_.-]+\.md)(?:#([a-z0-9_-]+))?",
+                                               path.read_text(errors="replace")):
+                    page = ROOT / "docs" / name
+                    if not page.exists() or anchor and anchor not in anchors(page):
+                        broken.append(f"{path.relative_to(ROOT)}: docs/{name}{'#' + anchor if anchor else ''}")
+    assert not broken, broken

@@ -39,7 +39,7 @@ class Device:
 
     def empty(self, xp: Any, count: int, dtype: numpy.dtype) -> Any:
         """A new buffer of module `xp`. Host buffers of mpiring and of the MPI library alike come
-        from mpiring.host_memory: which pages a buffer has changes what MPI costs up to 2.5x."""
+        from mpiring.host_memory: which pages a buffer has changes what MPI costs."""
         return host_memory.empty(count, dtype) if xp is numpy else xp.empty(count, dtype)
 
     def put(self, xp: Any, host: numpy.ndarray) -> Any:

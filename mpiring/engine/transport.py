@@ -153,8 +153,7 @@ def persistent_sends_suit() -> bool:
     """Whether plans should send with persistent requests under the MPI library loaded: yes,
     except under Open MPI, where a small persistent send completes only once the receiver has
     taken it, which costs a rank of an oversubscribed node a wait for the receiver to be scheduled
-    (4 ranks on 2 cores: a 4-byte binomial broadcast took 10-16 us with persistent sends, 3-4 us
-    with new ones; under MPICH persistent sends were the faster)."""
+    (docs/measurements.md, "Persistent and new sends", times both kinds under both libraries)."""
     return "Open MPI" not in MPI.Get_library_version()
 
 

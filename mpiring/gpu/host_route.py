@@ -2,7 +2,7 @@
 
 Where MPI cannot take device pointers (the staged and IPC paths), a small message costs far more
 in GPU round trips than in bytes: every ring step of the device path waits for a copy to the host,
-MPI, a copy back and a reduction kernel, each a stream round trip of 7-20 us. On host copies the
+MPI, a copy back and a reduction kernel, each a stream round trip (docs/gpu.md#small-calls). On host copies the
 whole call makes two copies and no kernel, and the host collective itself is planned:
 
     device x ──D2H──► pinned twin of x ──host collective──► pinned twin of out ──H2D──► device out
