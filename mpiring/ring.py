@@ -10,7 +10,7 @@ engine keeps per communicator: the tags taken so far, the traffic counted, the c
 flight, why the ring broke. Where the rest lives:
 
     mpiring.engine.transport   Step, Call, Traffic; a step's requests; MPI errors in words
-    mpiring.engine.waiting     the one place that waits: timeouts, notices, mismatches
+    mpiring.engine.waiting     how a wait behaves: timeouts, notices, mismatches
     mpiring.engine.scratch     the pool behind `scratch`
     mpiring.engine.executor    runs a call: its generator (blocking or nonblocking) or its plan
 """

@@ -5,7 +5,8 @@
 - `transport`: `Step`, `Call`, `Traffic`; a step's MPI requests; a failed or oversized message
   told in words.
 - `scratch`: the pool of large temporary buffers, reused across calls.
-- `waiting`: the one place that waits: timeouts, the watch for another call's messages, notices.
+- `waiting`: how every wait behaves (timeouts, the watch for another call's messages, notices),
+  and the waits of unrecorded calls (docs/engine.md, "Where a call waits").
 - `plan`: a call's schedule recorded once (persistent requests bound to the real buffers, the
   arithmetic with its functions resolved), and the per-communicator cache of plans.
 - `engine`: `Engine`, one per communicator: a call's lookup, recording and replay behind `run`,

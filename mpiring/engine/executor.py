@@ -9,7 +9,7 @@ A recorded call is a schedule (mpiring.engine.schedule) or a device plan (mpirin
 both offer the same few methods (`length`, `step`, `prologue`, `start`, `finish`, `run_result`),
 and run here the same way: in C where compiled (mpiring.engine.compiled), else `run_exchanges`.
 
-Waiting happens in mpiring.engine.waiting (`wait_step`, the one place that waits), which also
+An unrecorded call waits in mpiring.engine.waiting (`wait_step`), which also
 advances every nonblocking collective in flight, and which raises `CollectiveTimeout` naming the
 peers still outstanding. A run that raises a timeout or a communication error leaves its requests
 with the ring (`Ring.abandon`): MPI may still write into their buffers.

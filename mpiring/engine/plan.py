@@ -12,7 +12,7 @@ So a plan is found by the identity of its arrays, and replayed only on those.
     building (once)                               running (each call)
     algorithm posts a step     ─►  START step     step.start(): MPI Startall
     backend.copy before yield  ─►  WORK f         f() while the step's messages are in flight
-    algorithm yields the step  ─►  WAIT step      waiting.wait_step: the one place that waits
+    algorithm yields the step  ─►  WAIT step      Waitall, or waiting.poll with a timeout
     backend.combine / copy     ─►  WORK f         f(): a kernel on the bound buffers
 
 Only calls whose buffers and layout are known on every rank without asking the others are

@@ -1,4 +1,4 @@
-"""Waiting: the one place a step's messages are waited for, and so where a timeout lives, and
+"""Waiting: how a step's messages are waited for, and so where a timeout lives, and
 where a rank notices that a peer is in another call, or has left this one.
 
     complete(ring, step, call)     block until the step is done (one Waitall without a timeout;
