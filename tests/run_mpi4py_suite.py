@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""mpi4py's own collective tests, unchanged, on mpiring's drop-in (mpiring.Communicator's
-uppercase buffer API) at world sizes 1, 2, 3, 4 and 5.
+"""mpi4py's own tests, unchanged, on mpiring's drop-ins at world sizes 1, 2, 3, 4 and 5: the
+buffer collectives' modules on mpiring.Communicator's uppercase API, and the modules of the rest
+of the Comm API (communicators, point-to-point, pickled objects) on mpiring.dropin.Intracomm.
 
     python tests/run_mpi4py_suite.py                       # or: python tests/run_world_sizes.py --mpi4py-suite
     python tests/run_mpi4py_suite.py --sizes 2 3 --modules test_cco_vec
@@ -49,7 +50,12 @@ import unittest
 from collections import Counter
 from typing import Any
 
-MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_pr_buf", "test_cco_pr_vec"]
+MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_pr_buf", "test_cco_pr_vec",
+           "test_comm", "test_p2p_buf", "test_p2p_obj", "test_cco_obj"]
+# The modules of the rest of the Comm API (communicators, point-to-point, pickled objects): they
+# run on mpiring.dropin.Intracomm, the whole mpi4py communicator whose buffer collectives are
+# mpiring's; the others on mpiring.Communicator's uppercase methods.
+WHOLE_COMM = {"test_comm", "test_p2p_buf", "test_p2p_obj", "test_cco_obj"}
 SIZES = [1, 2, 3, 4, 5]
 RESULT_MARK = "[mpi4py-suite result]"
 # A collective of these tests that waits this long has lost a rank (one that left a test early):
@@ -140,7 +146,7 @@ def drive(sizes: list[int], modules: list[str], cache: str | None, run_timeout: 
 
 
 def summarize(results: dict[int, dict[str, Any] | None], modules: list[str], seconds: float) -> int:
-    print(f"\nmpi4py {_mpi4py_release()}'s test suite on mpiring.Communicator "
+    print(f"\nmpi4py {_mpi4py_release()}'s test suite on mpiring's drop-ins "
           "(cases: test x array kind x type code)")
     print("| module | " + " | ".join(f"{n} rank{'s' * (n > 1)}" for n in results) + " |")
     print("| --- |" + " --- |" * len(results))
@@ -198,6 +204,26 @@ class _MPIWithMpiring:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._mpi, name)
+
+
+class _MPIWithDropin(_MPIWithMpiring):
+    """mpi4py's MPI module, with COMM_SELF and COMM_WORLD as mpiring.dropin communicators: the
+    same MPI communicators, their buffer collectives on mpiring."""
+
+    def renew(self) -> None:
+        """mpiring.dropin's own (pickled, they come back as themselves); mpiring's communicators
+        serving them are dropped, as in the base class, and made anew at their next call."""
+        from mpiring import dropin
+
+        self.COMM_WORLD, self.COMM_SELF = dropin.COMM_WORLD, dropin.COMM_SELF
+        for comm in (self.COMM_WORLD, self.COMM_SELF):
+            comm.__dict__.pop("_mpiring", None)
+
+    def free(self) -> None:  # mpiring's communicators only: MPI's world and self stay
+        for comm in (self.COMM_WORLD, self.COMM_SELF):
+            served = comm.__dict__.pop("_mpiring", None)
+            if served is not None:
+                served.free()
 
 
 class _Outcome(unittest.TestResult):
@@ -267,7 +293,7 @@ def work(folder: str, modules: list[str], every: bool) -> int:
     sys.path.insert(0, folder)
     import arrayimpl  # mpi4py's test helpers, from its test folder
 
-    wrapped = _MPIWithMpiring(MPI)
+    wrappers = {False: _MPIWithMpiring(MPI), True: _MPIWithDropin(MPI)}  # by: a module of WHOLE_COMM
     # Ranks agree on each case on a communicator of their own: mpiring's waits give up the core
     # where ranks outnumber cores (CI runs 5 ranks on 2), MPI's own spin.
     judge = mpiring.Communicator(MPI.COMM_WORLD)
@@ -290,9 +316,10 @@ def work(folder: str, modules: list[str], every: bool) -> int:
     shown = ran = failed = 0
     for name in modules:
         module = importlib.import_module(name)
+        wrapped = wrappers[name in WHOLE_COMM]
         module.MPI = wrapped  # setUp's MPI.COMM_WORLD.Dup() is mpiring's Dup()
         counts = Counter(passed=0, failed=0, skipped=0)
-        for cls, over_world in _test_classes(module, MPI):
+        for cls, over_world in _test_classes(module, MPI, name in WHOLE_COMM):
             for test_index, method in enumerate(unittest.TestLoader().getTestCaseNames(cls)):
                 cases = _cases(arrayimpl.ArrayBackends, test_index, native.Get_size(), every)
                 looped[0] = False
@@ -303,9 +330,10 @@ def work(folder: str, modules: list[str], every: bool) -> int:
                     if failed >= MAX_FAILURES:
                         break
                     current[0] = case
-                    cls.COMM = wrapped.COMM_WORLD if over_world else wrapped.COMM_SELF
+                    if over_world is not None:
+                        cls.COMM = wrapped.COMM_WORLD if over_world else wrapped.COMM_SELF
                     outcome = _Outcome()
-                    _instance(cls, method).run(outcome)
+                    _instance(cls, method, name in WHOLE_COMM).run(outcome)
                     mine.append((f"{name}.{cls.__name__}.{method}" + (
                         f" [{case[0].__name__} {case[1]!r}]" if looped[0] else ""), outcome.outcome, outcome.why))
                     failed_here[0] = outcome.outcome == "failed"
@@ -330,40 +358,48 @@ def work(folder: str, modules: list[str], every: bool) -> int:
         if failed >= MAX_FAILURES:
             report["stopped"] = f"stopped in {name} after {failed} failed cases"
             break
-    wrapped.free()
+    for wrapped in wrappers.values():
+        wrapped.free()
     judge.free()
     if native.Get_rank() == 0:
         print(RESULT_MARK + json.dumps(report), flush=True)
     return 0
 
 
-def _instance(test_class: type, method: str) -> unittest.TestCase:
-    """test_class(method), whose setUp must leave an mpiring communicator in COMM: no case may
-    silently run on mpi4py's own collectives."""
+def _instance(test_class: type, method: str, whole_comm: bool) -> unittest.TestCase:
+    """test_class(method), whose setUp must leave an mpiring communicator in COMM (a drop-in
+    Intracomm for the modules of the whole Comm API): no case may silently run on mpi4py's own
+    collectives."""
     import mpiring
+    from mpiring.dropin import Intracomm
 
     test = test_class(method)
     set_up = test.setUp
+    expected = Intracomm if whole_comm else mpiring.Communicator
 
     def checked_set_up() -> None:
         set_up()
-        if not isinstance(test.COMM, mpiring.Communicator):
+        if not isinstance(test.COMM, expected):
             raise RuntimeError(f"{test_class.__name__}.setUp made a {type(test.COMM).__name__}, not an "
-                               "mpiring.Communicator: the suite would test mpi4py itself")
+                               f"{expected.__module__}.{expected.__name__}: the suite would test mpi4py itself")
 
     test.setUp = checked_set_up
     return test
 
 
-def _test_classes(module: Any, mpi: Any) -> list[tuple[type, bool]]:
+def _test_classes(module: Any, mpi: Any, whole_comm: bool) -> list[tuple[type, bool | None]]:
     """The module's test classes over COMM_WORLD (True) or COMM_SELF (False), or their Dup()s
-    made in setUp."""
-    found = []
+    made in setUp; in the modules of the whole Comm API also those whose setUp alone sets COMM
+    (None: from the module's MPI, the drop-in's)."""
+    found: list[tuple[type, bool | None]] = []
     for value in vars(module).values():
         if isinstance(value, type) and issubclass(value, unittest.TestCase) and value.__module__ == module.__name__:
             comm = getattr(value, "COMM", None)
             if isinstance(comm, mpi.Comm) and (comm == mpi.COMM_WORLD or comm == mpi.COMM_SELF):
                 found.append((value, comm == mpi.COMM_WORLD))
+            elif whole_comm and comm is None and any("setUp" in vars(base) for base in value.__mro__
+                                                     if base.__module__ == module.__name__):
+                found.append((value, None))
     return found
 
 

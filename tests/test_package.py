@@ -319,3 +319,22 @@ def test_every_algorithm_module_states_its_cost_and_draws_its_steps():
         assert "cost" in doc.lower(), f"{module.__name__}: no cost in its docstring"
         assert any(line.startswith("    ") and line.strip() for line in doc.splitlines()), (
             f"{module.__name__}: no indented diagram in its docstring")
+
+
+def test_python_m_mpiring_dropin_runs_a_program_unchanged(tmp_path):
+    """A program written for mpi4py (it reads MPI.COMM_WORLD after start) runs on the drop-in."""
+    program = tmp_path / "program.py"
+    program.write_text(
+        "import sys\n"
+        "import numpy as np\n"
+        "from mpi4py import MPI\n"
+        "comm = MPI.COMM_WORLD\n"
+        "x, y = np.ones(3), np.empty(3)\n"
+        "comm.Allreduce(x, y)\n"
+        "print(type(comm).__module__, y.tolist(), comm.served().traffic.messages, sys.argv[1:])\n"
+    )
+    result = subprocess.run([sys.executable, "-m", "mpiring.dropin", str(program), "a", "b"],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "mpiring.dropin", result.stdout
+    assert "[1.0, 1.0, 1.0]" in result.stdout and "['a', 'b']" in result.stdout, result.stdout
