@@ -51,11 +51,16 @@ from collections import Counter
 from typing import Any
 
 MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_pr_buf", "test_cco_pr_vec",
-           "test_comm", "test_p2p_buf", "test_p2p_obj", "test_cco_obj"]
+           "test_comm", "test_p2p_buf", "test_p2p_obj", "test_cco_obj", "osu_demos"]
 # The modules of the rest of the Comm API (communicators, point-to-point, pickled objects): they
 # run on mpiring.dropin.Intracomm, the whole mpi4py communicator whose buffer collectives are
 # mpiring's; the others on mpiring.Communicator's uppercase methods.
 WHOLE_COMM = {"test_comm", "test_p2p_buf", "test_p2p_obj", "test_cco_obj"}
+# mpi4py's OSU collective benchmarks (demo/), run unchanged on mpiring.dropin at small sizes: each
+# must run through (no refusal, no error on any rank) with its collectives served by mpiring.
+OSU_DEMOS = ["osu_bcast", "osu_gather", "osu_scatter", "osu_allgather", "osu_alltoall", "osu_alltoallv",
+             "osu_barrier"]
+OSU_SMALL = {"skip": 1, "loop": 3, "skip_large": 1, "loop_large": 2, "MAX_MSG_SIZE": 4096}
 SIZES = [1, 2, 3, 4, 5]
 RESULT_MARK = "[mpi4py-suite result]"
 # A collective of these tests that waits this long has lost a rank (one that left a test early):
@@ -93,7 +98,8 @@ def mpi4py_tests(cache: str) -> str:
     else downloaded there (the sdist is kept, so the next run works offline)."""
     release = _mpi4py_release()
     folder = os.path.join(cache, f"mpi4py-{release}", "test")
-    if os.path.isfile(os.path.join(folder, "mpiunittest.py")):
+    demos = os.path.join(cache, f"mpi4py-{release}", "demo")
+    if os.path.isfile(os.path.join(folder, "mpiunittest.py")) and os.path.isdir(demos):
         return folder
     os.makedirs(cache, exist_ok=True)
     archive = os.path.join(cache, f"mpi4py-{release}.tar.gz")
@@ -103,7 +109,8 @@ def mpi4py_tests(cache: str) -> str:
                         "-d", cache, f"mpi4py=={release}"], check=True)
     prefix = f"mpi4py-{release}/test/"
     with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
+        members = [m for m in tar.getmembers() if m.name.startswith((prefix, f"mpi4py-{release}/demo/osu_"))
+                   and (m.isfile() or m.isdir())]
         if not members:
             sys.exit(f"{archive} has no {prefix} folder")
         staging = os.path.join(cache, f".mpi4py-{release}.partial")
@@ -314,7 +321,7 @@ def work(folder: str, modules: list[str], every: bool) -> int:
     gc.disable()
     report: dict[str, Any] = {"modules": {}, "reasons": Counter(), "failures": Counter()}
     shown = ran = failed = 0
-    for name in modules:
+    for name in [m for m in modules if m != "osu_demos"]:
         module = importlib.import_module(name)
         wrapped = wrappers[name in WHOLE_COMM]
         module.MPI = wrapped  # setUp's MPI.COMM_WORLD.Dup() is mpiring's Dup()
@@ -358,12 +365,49 @@ def work(folder: str, modules: list[str], every: bool) -> int:
         if failed >= MAX_FAILURES:
             report["stopped"] = f"stopped in {name} after {failed} failed cases"
             break
+    if failed < MAX_FAILURES and "osu_demos" in modules:
+        report["modules"]["osu_demos"] = _osu_demos(folder, wrappers[True], judge, report)
     for wrapped in wrappers.values():
         wrapped.free()
     judge.free()
     if native.Get_rank() == 0:
         print(RESULT_MARK + json.dumps(report), flush=True)
     return 0
+
+
+def _osu_demos(folder: str, wrapped: Any, judge: Any, report: dict[str, Any]) -> dict[str, int]:
+    """mpi4py's OSU collective benchmarks, unchanged, at small sizes (OSU_SMALL) on
+    mpiring.dropin's COMM_WORLD: each passes if it runs through on every rank with mpiring
+    serving its collectives (at one rank they refuse to run, by design, and are skipped)."""
+    import contextlib
+    import io
+
+    import numpy
+
+    sys.path.insert(0, os.path.join(os.path.dirname(folder), "demo"))
+    counts = Counter(passed=0, failed=0, skipped=0)
+    for name in OSU_DEMOS:
+        if wrapped.COMM_WORLD.Get_size() < 2:
+            counts["skipped"] += 1
+            report["reasons"]["an OSU demo needs at least two ranks"] += 1
+            continue
+        module = importlib.import_module(name)
+        module.MPI = wrapped
+        why, before = "", wrapped.COMM_WORLD.served().traffic.messages
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                getattr(module, name)(**OSU_SMALL)
+            if wrapped.COMM_WORLD.served().traffic.messages == before:
+                why = "mpiring moved no message: the demo ran on MPI's own collectives"
+        except BaseException as error:  # noqa: BLE001 - every outcome is a verdict
+            why = f"{type(error).__name__}: {error}"
+        if judge.allreduce(numpy.array([bool(why)], numpy.int8), op="max")[0]:
+            counts["failed"] += 1
+            report["failures"][f"{name}: {why or 'failed on another rank'}"] += 1
+            wrapped.renew()
+        else:
+            counts["passed"] += 1
+    return dict(counts)
 
 
 def _instance(test_class: type, method: str, whole_comm: bool) -> unittest.TestCase:
