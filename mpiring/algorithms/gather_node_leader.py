@@ -1,23 +1,25 @@
-"""Node-aware gather: a gather inside each node to its representative (the root on the root's
-node, the leader elsewhere), then every other representative sends its node's blocks to the
-root in one message. Each block crosses the network at most once, and the root's link takes
+"""Node-aware gather: a gather inside each node but the root's to its leader, then every leader
+sends its node's blocks to the root in one message, which the root receives together with the
+blocks of its own node's ranks. Each block crosses the network at most once, and the root's link takes
 N-1 messages instead of one per rank of the other nodes (a flat tree or ring over ranks not in
 node order sends some blocks across several times).
 
 Cost, N nodes of k ranks, n bytes gathered:
-    the gather of k n/(N k) bytes in the node      (linear: alpha_intra + (k-1)/(N k) n beta_intra)
-  + ceil((N-1)/W) alpha_inter + (N-1)/N n beta_inter   (the representatives to the root, W = WINDOW
-                                                   messages per step, all crossing the root's link)
+    the gather of n/N bytes in the other nodes     (linear: alpha_intra + (k-1)/(N k) n beta_intra)
+  + ceil((N+k-2)/W) max(alpha_inter + (N-1)/N n beta_inter,      (the leaders and the root's node's
+                        alpha_intra + (k-1)/(N k) n beta_intra)   ranks to the root, W = WINDOW
+                                                   messages per step; the leaders' cross the root's link)
 
     2 nodes x 2 ranks, root r0, blocks A B C D
 
-    gather in the node     r1 ─B─► r0            r3 ─D─► r2
-    to the root            r2 ─CD─► r0
+    gather in the node                            r3 ─D─► r2
+    to the root            r1 ─B─► r0   r2 ─CD─► r0      (one step)
 
 A node whose ranks are not consecutive sends its blocks as runs of consecutive ranks, one message
-per run, each received straight into its place in the result. A representative other than the
-root gathers its node's blocks packed in member order (runs then lie side by side); the root
-gathers its own node's straight into the result where that node's ranks are consecutive.
+per run, each received straight into its place in the result. A leader gathers its node's blocks
+packed in member order (runs then lie side by side). The root posts every receive of its call in
+one step (WINDOW at a time), so the call stays a sequence of steps each waited for before the
+next (a schedule the engine can record and replay).
 """
 
 from __future__ import annotations
@@ -57,10 +59,6 @@ def node_runs(members: tuple[int, ...], bounds: list[int]) -> list[tuple[int, in
     return spans
 
 
-def consecutive(members: tuple[int, ...]) -> bool:
-    return members == tuple(range(members[0], members[0] + len(members)))
-
-
 def windows(messages: list[tuple[Any, int]]) -> list[list[tuple[Any, int]]]:
     """At most WINDOW messages per step (as the linear rooted algorithms post them)."""
     return [messages[first : first + WINDOW] for first in range(0, len(messages), WINDOW)]
@@ -73,36 +71,34 @@ def gather_node_leader(ring: Ring, backend: NumpyBackend, tag: int, root: int, o
     representatives = nodes.representatives(root)
     members = nodes.node(r)
     mine = representatives[nodes.node_of(r)]
+    if mine == root:  # the root's node: every rank sends its block straight into the result
+        if r != root:
+            yield ring.post(backend, tag, sends=[(own, root)])
+            return
+        # the root gathers its node's blocks and the other nodes' runs at once, WINDOW per step
+        incoming = [(out[bounds[m] : bounds[m + 1]], m) for m in members if m != root]
+        incoming += [(out[to : to + length], rep) for rep, other in zip(representatives, nodes.nodes, strict=True)
+                     if rep != root for _, to, length in node_runs(other, bounds)]
+        later = windows(incoming)
+        step = ring.post(backend, tag, receives=later.pop(0)) if later else None
+        backend.copy(out[bounds[r] : bounds[r + 1]], own)  # while the first messages are in flight
+        if step is not None:
+            yield step
+        for window in later:
+            yield ring.post(backend, tag, receives=window)
+        return
     node = SubRing(ring, members)
     local = packed_bounds(members, bounds)
     inside = FLAT[flat_choice("gather", local[-1] * own.itemsize, node.size)]
     if r != mine:
         yield from inside(node, backend, tag, node.members.index(mine), own, None, local)
         return
-    if r != root:
-        if node.size == 1:  # nothing to gather: the own block goes as it is (an empty one not at all)
-            if own.size:
-                yield ring.post(backend, tag, sends=[(own, root)])
-            return
-        with ring.scratch(backend, local[-1], own.dtype) as packed:
-            yield from inside(node, backend, tag, node.rank, own, packed, local)
-            messages = [(packed[at : at + length], root) for at, _, length in node_runs(members, bounds)]
-            for window in windows(messages):
-                yield ring.post(backend, tag, sends=window)
+    if node.size == 1:  # nothing to gather: the own block goes as it is (an empty one not at all)
+        if own.size:
+            yield ring.post(backend, tag, sends=[(own, root)])
         return
-    # the root: the other nodes' runs land in the result while its own node gathers
-    incoming = [(out[to : to + length], rep) for rep, other in zip(representatives, nodes.nodes, strict=True)
-                if rep != root for _, to, length in node_runs(other, bounds)]
-    later = windows(incoming)
-    first = ring.post(backend, tag, receives=later.pop(0)) if later else None
-    if consecutive(members):
-        yield from inside(node, backend, tag, node.rank, own, out[bounds[members[0]] : bounds[members[-1] + 1]], local)
-    else:
-        with ring.scratch(backend, local[-1], own.dtype) as packed:
-            yield from inside(node, backend, tag, node.rank, own, packed, local)
-            for at, to, length in node_runs(members, bounds):
-                backend.copy(out[to : to + length], packed[at : at + length])
-    if first is not None:
-        yield first
-    for window in later:
-        yield ring.post(backend, tag, receives=window)
+    with ring.scratch(backend, local[-1], own.dtype) as packed:
+        yield from inside(node, backend, tag, node.rank, own, packed, local)
+        messages = [(packed[at : at + length], root) for at, _, length in node_runs(members, bounds)]
+        for window in windows(messages):
+            yield ring.post(backend, tag, sends=window)
