@@ -1,6 +1,6 @@
-"""An alpha-beta-gamma cost model of mpiring's allreduce, broadcast and reduce algorithms across
-nodes: what each one costs on a fabric of two link classes, which one is cheapest, and what
-`auto` picks.
+"""An alpha-beta-gamma cost model of mpiring's allreduce, broadcast, reduce, gather, scatter,
+reduce-scatter, scan and exscan algorithms across nodes: what each one costs on a fabric of two
+link classes, which one is cheapest, and what `auto` picks.
 
     node 0: r0 r1 ─┐ intra: alpha_i per message, beta_i per byte (shared memory)
                    ├─ inter: alpha_e per message, beta_e per byte (one network link per node)
@@ -756,7 +756,8 @@ def _check(collective: str, algorithm: str, nodes: int, per_node: int) -> None:
 
 def predict(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, fabric: Fabric) -> float:
     """Seconds `algorithm` ("auto": what mpiring.selection picks) takes for `collective` of `nbytes`
-    (per rank; the buffer for broadcast) on `nodes` x `per_node` ranks in node order, root 0."""
+    (per rank; the buffer for broadcast; the whole result for gather and scatter, split as
+    numpy.array_split cuts it) on `nodes` x `per_node` ranks in node order, root 0."""
     if algorithm == "auto":
         algorithm = auto_choice(collective, nbytes, nodes, per_node)
     _check(collective, algorithm, nodes, per_node)
@@ -1231,7 +1232,8 @@ def _p_scan(algorithm: str, ranks: Sequence[int], count: int, item: int, k: int,
 def pattern(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, itemsize: int = 8,
             root: int = 0) -> Pattern:
     """Every message of every round, as mpiring sends them for `nbytes` of `itemsize`-byte items
-    (per rank; the buffer for broadcast) on `nodes` x `per_node` ranks in node order."""
+    (per rank; the buffer for broadcast; in all for gather and scatter) on `nodes` x `per_node` ranks in
+    node order."""
     if algorithm == "auto":
         algorithm = auto_choice(collective, nbytes, nodes, per_node)
     _check(collective, algorithm, nodes, per_node)

@@ -90,6 +90,9 @@ NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "reduce": [(None, "node_leader")],
     "allgather": [(None, "node_leader")],
     "barrier": [(None, "node_leader")],
+    # each node's partial crosses once, summed in the node first: at 2 x 2 ranks and 1 Gbit/s it
+    # beat the flat choice at 16 B, 64 KiB and 4 MiB (docs/algorithms.md, across nodes)
+    "reduce_scatter": [(None, "node_leader")],
 }
 
 # collective -> [(largest message in bytes, algorithm)] for flat algorithms whose ranks all sit on

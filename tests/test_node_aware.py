@@ -346,9 +346,10 @@ def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
         for _ in range(2):
             comm.allreduce(x)
             comm.broadcast(x)
+            comm.reduce_scatter(x)
         hierarchical = comm._ring.nodes.hierarchical
         if ONE_NODE:  # two virtual nodes, of several ranks from 3 ranks on
             assert hierarchical is (N >= 3)
-        for collective in ("allreduce", "broadcast"):  # allgather's layout round is tested above
+        for collective in ("allreduce", "broadcast", "reduce_scatter"):  # allgather's layout round is tested above
             chosen = comm.plan_of(collective, x).call.algorithm
             assert chosen.startswith("node_") is hierarchical, (collective, chosen)

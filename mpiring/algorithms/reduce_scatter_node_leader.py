@@ -1,8 +1,8 @@
 """Node-aware reduce-scatter: a reduce inside each node to its leader, a reduce-scatter among the
 leaders in which leader j keeps node j's blocks (its ranks' chunks), then a scatter of those
-chunks inside each node. Each node's partial result crosses the network once: a node sends
-(N-1)/N n bytes across its link, where a flat ring or pairwise exchange over ranks sends a
-partial (or every rank's input chunk) across once per rank.
+chunks inside each node. Each node's data is summed before it crosses the network: a node sends
+(N-1)/N n bytes across its link, where a flat ring over ranks sends (Nk-1)/(Nk) n in Nk-1 steps
+and the scattered reduce-scatter (every input chunk straight to its owner) k (N-1)/N n.
 
 Cost, N nodes of k ranks, n bytes per rank:
     the reduce of n bytes in the node               (binomial: ceil(lg k) (alpha_intra + n beta_intra + n gamma))
