@@ -1,6 +1,6 @@
-"""An alpha-beta-gamma cost model of mpiring's allreduce, broadcast and reduce algorithms across
-nodes: what each one costs on a fabric of two link classes, which one is cheapest, and what
-`auto` picks.
+"""An alpha-beta-gamma cost model of mpiring's allreduce, broadcast, reduce, gather, scatter,
+reduce-scatter, scan and exscan algorithms across nodes: what each one costs on a fabric of two
+link classes, which one is cheapest, and what `auto` picks.
 
     node 0: r0 r1 ─┐ intra: alpha_i per message, beta_i per byte (shared memory)
                    ├─ inter: alpha_e per message, beta_e per byte (one network link per node)
@@ -53,13 +53,15 @@ from typing import Any
 from mpiring import environment, selection
 from mpiring.algorithms.broadcast_ring import segment_count
 from mpiring.algorithms.reduce_scatter_ring_pipelined import SEGMENT_BYTES as PIPELINE_SEGMENT_BYTES
+from mpiring.algorithms.scan_ring import SEGMENT_BYTES as SCAN_SEGMENT_BYTES
+from mpiring.algorithms.scan_ring import chain_segments
 from mpiring.engine.partition import split_bounds
 from mpiring.engine.transport import WINDOW
 from mpiring.selection import across_choice, flat_choice
 from mpiring.topology import NodeMap
 
 FABRIC_VARIABLE = "MPIRING_FABRIC"
-COLLECTIVES = ("allreduce", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "reduce_scatter", "scan", "exscan")
 
 
 # ---- fabrics ----
@@ -425,6 +427,272 @@ def reduce_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
     return inside + across
 
 
+# ---- closed forms: gather and scatter (n bytes in all, blocks of m = n/p, root 0) ----
+
+
+def _weighted_units(pairs: Iterable[tuple[int, int, int]], k: int) -> tuple[int, int]:
+    """(crossing, intra) of one round of messages src -> dst of `weight` blocks each: the most
+    blocks one node sends or receives across, the most blocks one rank receives inside its node."""
+    node_out: dict[int, int] = {}
+    node_in: dict[int, int] = {}
+    rank_in: dict[int, int] = {}
+    for src, dst, weight in pairs:
+        if src // k != dst // k:
+            node_out[src // k] = node_out.get(src // k, 0) + weight
+            node_in[dst // k] = node_in.get(dst // k, 0) + weight
+        else:
+            rank_in[dst] = rank_in.get(dst, 0) + weight
+    return max([*node_out.values(), *node_in.values(), 0]), max(rank_in.values(), default=0)
+
+
+def _rounds(f: Fabric, m: float, units: Iterable[tuple[int, int, int]]) -> float:
+    """Rounds of (crossing, intra, reduced) in units of m bytes: each max(alpha_e + crossing m
+    beta_e, alpha_i + intra m beta_i) + reduced m gamma."""
+    return sum(_round(f, m, c, i) + r * m * f.gamma for c, i, r in units)
+
+
+@cache
+def _tree_gather_units(p: int, k: int) -> tuple[tuple[int, int, int], ...]:
+    """The binomial gather's hops, nearest first: v sends its subtree's min(d, p-v) blocks to v-d."""
+    return tuple((*_weighted_units(((v, v - d, min(d, p - v)) for v in range(d, p, 2 * d)), k), 0)
+                 for d in (1 << h for h in range((p - 1).bit_length())))
+
+
+@cache
+def _tree_scatter_units(p: int, k: int) -> tuple[tuple[int, int, int], ...]:
+    """The binomial scatter's hops, farthest first: v hands v+d its subtree's min(d, p-v-d) blocks."""
+    return tuple((*_weighted_units(((v, v + d, min(d, p - v - d)) for v in range(0, p - d, 2 * d)), k), 0)
+                 for d in (1 << h for h in reversed(range((p - 1).bit_length()))))
+
+
+def gather_linear(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum_w max(alpha_e + X_w m beta_e, alpha_i + I_w m beta_i), m = n/p: every rank's block to
+    the root, WINDOW per step; X_w of them cross into the root's node, I_w are copied by the root."""
+    return sum(_round(f, n / (N * k), c, i) for c, i in _gather_units(N * k, k))
+
+
+def gather_binomial(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum over ceil(lg p) hops of max(alpha_e + C_h m beta_e, alpha_i + I_h m beta_i), m = n/p:
+    hop d sends subtrees of d blocks (the last one cut at p); C_h and I_h count the blocks a node
+    sends across and a rank receives inside its node."""
+    return _rounds(f, n / (N * k), _tree_gather_units(N * k, k))
+
+
+def gather_ring(n: float, N: int, k: int, f: Fabric) -> float:
+    """(p-1) max(alpha + n/p beta): the ring gather to rank 0 (see _gather_ring)."""
+    return _gather_ring(n / (N * k), N, k, f) if N * k > 1 else 0.0
+
+
+def _root_windows(n: float, N: int, k: int, f: Fabric, gathering: bool) -> float:
+    """The node-aware gather's (scatter's) step at the root: the k-1 blocks of n/(N k) of its own
+    node's ranks, then the other N-1 nodes' n/N each, WINDOW messages per step (the root copies
+    every block of its node a gather brings; a scatter's are copied by their receivers at once)."""
+    sizes = [(False, n / (N * k))] * (k - 1) + [(True, n / N)] * (N - 1)
+    total = 0.0
+    for first in range(0, len(sizes), WINDOW):
+        window = sizes[first : first + WINDOW]
+        across = sum(size for crossing, size in window if crossing)
+        copies = [size for crossing, size in window if not crossing]
+        inside = sum(copies) if gathering else max(copies, default=0.0)
+        total += max(f.inter.time(across) if across else 0.0, f.intra.time(inside) if inside else 0.0)
+    return total
+
+
+def gather_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
+    """inside(n/N, k) + root step: the flat gather `auto` picks for a node's n/N bytes on k ranks to
+    its leader, in every node but the root's at once, then the root receives its own node's blocks
+    and each other node's n/N in one message, WINDOW messages per step (_root_windows)."""
+    inside = _GATHER[flat_choice("gather", int(n / N), k)](n / N, 1, k, f) if k > 1 and N > 1 else 0.0
+    return inside + _root_windows(n, N, k, f, gathering=True)
+
+
+def scatter_linear(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum_w max(alpha_e + X_w m beta_e, alpha_i + m beta_i), m = n/p: the root sends each rank its
+    block, WINDOW per step; X_w of them cross the root's link."""
+    return sum(_round(f, n / (N * k), c, i) for c, i in _linear_units(N * k, k))
+
+
+def scatter_binomial(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum over ceil(lg p) hops of max(alpha_e + C_h m beta_e, alpha_i + I_h m beta_i), m = n/p:
+    the binomial gather upside down, farthest subtree first."""
+    return _rounds(f, n / (N * k), _tree_scatter_units(N * k, k))
+
+
+def scatter_ring(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum over p-1 steps t of max(alpha_e + m beta_e, alpha_i + m beta_i), m = n/p: at step t
+    positions 0..t pass a block right; one crosses once t >= k-1 (the first node's last rank)."""
+    p = N * k
+    return sum(_round(f, n / p, N > 1 and t >= k - 1, k > 1) for t in range(p - 1))
+
+
+def scatter_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
+    """root step + inside(n/N, k): the root sends its own node's ranks their blocks and each other
+    node's leader its n/N in one message, WINDOW messages per step (_root_windows), then every
+    other node runs the flat scatter `auto` picks for n/N bytes on k ranks."""
+    inside = _SCATTER[flat_choice("scatter", int(n / N), k)](n / N, 1, k, f) if k > 1 and N > 1 else 0.0
+    return _root_windows(n, N, k, f, gathering=False) + inside
+
+
+# ---- closed forms: reduce-scatter (n bytes per rank, chunks of m = n/p) ----
+
+
+def reduce_scatter_ring(n: float, N: int, k: int, f: Fabric) -> float:
+    """(p-1) max(alpha_e + m beta_e, alpha_i + m beta_i) + (p-1)/p n gamma, m = n/p."""
+    p = N * k
+    return (p - 1) * _round(f, n / p, N > 1, k > 1) + (p - 1) / p * n * f.gamma if p > 1 else 0.0
+
+
+def reduce_scatter_ring_pipelined(n: float, N: int, k: int, f: Fabric) -> float:
+    """(p-1) S max(alpha + m/S beta) + (p-1)/p n gamma, S = ceil(m / SEGMENT_BYTES) (1 MiB)."""
+    p = N * k
+    if p == 1:
+        return 0.0
+    m = n / p
+    s = max(1, math.ceil(m / PIPELINE_SEGMENT_BYTES))
+    return (p - 1) * s * _round(f, m / s, N > 1, k > 1) + (p - 1) / p * n * f.gamma
+
+
+@cache
+def _halving_units(p: int, k: int) -> tuple[tuple[int, int, int], ...]:
+    """Recursive halving in chunks: the fold (a whole vector, p chunks, reduced), the halving rounds
+    (the chunks of the half given away; the half kept reduced), the folded chunks handed back."""
+    p2, extra = _fold(p)
+    first = [2 * v if v < extra else v + extra for v in range(p2)] + [p]  # chunk bounds of the virtual ranks
+    units = []
+    if extra:
+        units.append((*_weighted_units(((2 * i, 2 * i + 1, p) for i in range(extra)), k), p))
+    window = {v: (0, p2) for v in range(p2)}
+    mask = p2 >> 1
+    while mask:
+        pairs, kept = [], 0
+        for v in range(p2):
+            lo, hi = window[v]
+            middle = lo + mask
+            keep, give = ((lo, middle), (middle, hi)) if v < v ^ mask else ((middle, hi), (lo, middle))
+            pairs.append((_real(v, extra), _real(v ^ mask, extra), first[give[1]] - first[give[0]]))
+            kept = max(kept, first[keep[1]] - first[keep[0]])
+            window[v] = keep
+        units.append((*_weighted_units(pairs, k), kept))
+        mask >>= 1
+    if extra:
+        units.append((*_weighted_units(((2 * i + 1, 2 * i, 1) for i in range(extra)), k), 0))
+    return tuple(units)
+
+
+def reduce_scatter_recursive_halving(n: float, N: int, k: int, f: Fabric) -> float:
+    """[fold: alpha + n beta + n gamma] + sum_j max(alpha + c_j W_j m beta) + W'_j m gamma + [fold
+    back: alpha + m beta], m = n/p: round j gives away half the window held (n/2, n/4, ... on a
+    power of two) and reduces the half kept; the fold rounds only where p is not a power of two."""
+    return _rounds(f, n / (N * k), _halving_units(N * k, k))
+
+
+def reduce_scatter_scattered(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum_w max(alpha_e + C_w m beta_e, alpha_i + I_w m beta_i) + (p-1)/p n gamma, m = n/p: every
+    input chunk straight to its owner (C_w, I_w as in allreduce_scattered)."""
+    p = N * k
+    if p == 1:
+        return 0.0
+    return sum(_round(f, n / p, c, i) for c, i in _window_units(p, k)) + (p - 1) / p * n * f.gamma
+
+
+def reduce_scatter_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
+    """reduce(n, k) + across(n, N) + scatter(n/N, k): the flat reduce `auto` picks for n bytes on k
+    ranks to every node's leader, the leaders' reduce-scatter of n bytes (node j keeps its n/N), the
+    flat scatter of those n/N bytes inside every node."""
+    inside = _REDUCE[flat_choice("reduce", int(n), k)](n, 1, k, f) if k > 1 else 0.0
+    across = _REDUCE_SCATTER[across_choice("reduce_scatter", int(n), N)](n, N, 1, f) if N > 1 else 0.0
+    scatter = _SCATTER[flat_choice("scatter", int(n / N), k)](n / N, 1, k, f) if k > 1 else 0.0
+    return inside + across + scatter
+
+
+# ---- closed forms: scan and exscan (n bytes per rank) ----
+
+
+def _chain(n: float, N: int, k: int, f: Fabric, exclusive: bool) -> float:
+    """sum over p+S-2 steps of max(alpha_e + n/S beta_e, alpha_i + n/S beta_i) + n/S gamma, S
+    segments of 512 KiB (1 where p <= 2): at step t ranks max(0, t-S+1)..min(t, p-2) pass a segment
+    of their prefix on, and the receivers combine it with their own (the exscan's last rank does not)."""
+    p = N * k
+    if p == 1:
+        return 0.0
+    s = max(1, math.ceil(n / SCAN_SEGMENT_BYTES)) if p > 2 else 1
+    total = 0.0
+    for t in range(p + s - 2):
+        lo, hi = max(0, t - s + 1), min(t, p - 2)
+        crossing = N > 1 and lo + (k - 1 - lo % k) % k <= hi
+        intra = k > 1 and (hi > lo or lo % k != k - 1)
+        combines = not (exclusive and lo == hi == p - 2)
+        total += _round(f, n / s, crossing, intra) + combines * n / s * f.gamma
+    return total
+
+
+@cache
+def _doubling_scan_units(p: int, k: int, exclusive: bool) -> tuple[tuple[int, int, int], ...]:
+    """Recursive doubling's rounds (whole vectors): rank r swaps with r ^ 2^j; it folds a lower
+    partner's data into its result (an exscan's first one is copied) and into its group's reduction
+    while a later round needs it."""
+    units, has_result = [], [not exclusive] * p
+    mask = 1
+    while mask < p:
+        pairs, reduced = [], 0
+        for r in range(p):
+            partner = r ^ mask
+            if partner < p:
+                pairs.append((r, partner, 1))
+                combines = (partner < r and has_result[r]) + (mask << 1 < p)
+                reduced = max(reduced, combines)
+                if partner < r:
+                    has_result[r] = True
+        units.append((*_weighted_units(pairs, k), reduced))
+        mask <<= 1
+    return tuple(units)
+
+
+def scan_ring(n: float, N: int, k: int, f: Fabric) -> float:
+    """The pipelined chain (see _chain)."""
+    return _chain(n, N, k, f, exclusive=False)
+
+
+def exscan_ring(n: float, N: int, k: int, f: Fabric) -> float:
+    """The pipelined chain, exclusive (see _chain)."""
+    return _chain(n, N, k, f, exclusive=True)
+
+
+def scan_recursive_doubling(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum over ceil(lg p) rounds of max(alpha_e + c_j n beta_e, alpha_i + n beta_i) + (1 or 2) n gamma."""
+    return _rounds(f, n, _doubling_scan_units(N * k, k, False))
+
+
+def exscan_recursive_doubling(n: float, N: int, k: int, f: Fabric) -> float:
+    """As scan_recursive_doubling, a rank's first lower partner's data copied, not combined."""
+    return _rounds(f, n, _doubling_scan_units(N * k, k, True))
+
+
+def _scan_node_leader(n: float, N: int, k: int, f: Fabric, exclusive: bool) -> float:
+    """scan(n, k) + exscan(n, N) + broadcast(n, k) + n gamma (+ n gamma for the exscan's node total
+    and its combine, k > 1): the flat scan `auto` picks inside every node, the exclusive scan of the
+    node totals across the N nodes' last ranks, the broadcast of that prefix from each node's last
+    rank, and every rank's combine with its prefix in the node."""
+    scans = _EXSCAN if exclusive else _SCAN
+    inside = scans[flat_choice("scan", int(n), k)](n, 1, k, f) if k > 1 else 0.0
+    if N == 1:
+        return inside
+    across = _EXSCAN[across_choice("scan", int(n), N)](n, N, 1, f)
+    broadcast = _BROADCAST[flat_choice("broadcast", int(n), k)](n, 1, k, f) if k > 1 else 0.0
+    combines = 2 * (k > 1) if exclusive else 1
+    return inside + across + broadcast + combines * n * f.gamma
+
+
+def scan_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
+    """See _scan_node_leader."""
+    return _scan_node_leader(n, N, k, f, exclusive=False)
+
+
+def exscan_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
+    """See _scan_node_leader."""
+    return _scan_node_leader(n, N, k, f, exclusive=True)
+
+
 Formula = Callable[[float, int, int, Fabric], float]
 _ALLREDUCE: dict[str, Formula] = {
     "recursive_doubling": allreduce_recursive_doubling, "rabenseifner": allreduce_rabenseifner,
@@ -435,12 +703,30 @@ _BROADCAST: dict[str, Formula] = {"linear": broadcast_linear, "binomial": broadc
                                   "ring": broadcast_ring, "node_leader": broadcast_node_leader}
 _REDUCE: dict[str, Formula] = {"binomial": reduce_binomial, "ring": reduce_ring, "scattered": reduce_scattered,
                                "node_leader": reduce_node_leader}
+_GATHER: dict[str, Formula] = {"ring": gather_ring, "binomial": gather_binomial, "linear": gather_linear,
+                               "node_leader": gather_node_leader}
+_SCATTER: dict[str, Formula] = {"ring": scatter_ring, "binomial": scatter_binomial, "linear": scatter_linear,
+                                "node_leader": scatter_node_leader}
+_REDUCE_SCATTER: dict[str, Formula] = {
+    "ring": reduce_scatter_ring, "ring_pipelined": reduce_scatter_ring_pipelined,
+    "recursive_halving": reduce_scatter_recursive_halving, "scattered": reduce_scatter_scattered,
+    "node_leader": reduce_scatter_node_leader,
+}
+_SCAN: dict[str, Formula] = {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling,
+                             "node_leader": scan_node_leader}
+_EXSCAN: dict[str, Formula] = {"ring": exscan_ring, "recursive_doubling": exscan_recursive_doubling,
+                               "node_leader": exscan_node_leader}
 
 # (collective, algorithm) -> its closed form (n bytes, N nodes, k ranks per node, fabric) -> seconds
 FORMULAS: dict[tuple[str, str], Formula] = {
     **{("allreduce", a): g for a, g in _ALLREDUCE.items()},
     **{("broadcast", a): g for a, g in _BROADCAST.items()},
     **{("reduce", a): g for a, g in _REDUCE.items()},
+    **{("gather", a): g for a, g in _GATHER.items()},
+    **{("scatter", a): g for a, g in _SCATTER.items()},
+    **{("reduce_scatter", a): g for a, g in _REDUCE_SCATTER.items()},
+    **{("scan", a): g for a, g in _SCAN.items()},
+    **{("exscan", a): g for a, g in _EXSCAN.items()},
 }
 
 
@@ -470,7 +756,8 @@ def _check(collective: str, algorithm: str, nodes: int, per_node: int) -> None:
 
 def predict(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, fabric: Fabric) -> float:
     """Seconds `algorithm` ("auto": what mpiring.selection picks) takes for `collective` of `nbytes`
-    (per rank; the buffer for broadcast) on `nodes` x `per_node` ranks in node order, root 0."""
+    (per rank; the buffer for broadcast; the whole result for gather and scatter, split as
+    numpy.array_split cuts it) on `nodes` x `per_node` ranks in node order, root 0."""
     if algorithm == "auto":
         algorithm = auto_choice(collective, nbytes, nodes, per_node)
     _check(collective, algorithm, nodes, per_node)
@@ -759,10 +1046,194 @@ def _p_reduce(algorithm: str, ranks: Sequence[int], root: int, count: int, item:
     raise ValueError(f"no pattern of reduce {algorithm!r}")
 
 
+def _p_gather_binomial(ranks: Sequence[int], root: int, bounds: Sequence[int], item: int) -> Pattern:
+    p = len(ranks)
+    offsets = [0]  # the blocks in root-relative order
+    for j in range(p):
+        offsets.append(offsets[-1] + _chunk(bounds, (root + j) % p, 1))
+    return [Round([(ranks[(v + root) % p], ranks[(v - d + root) % p], (offsets[min(v + d, p)] - offsets[v]) * item)
+                   for v in range(d, p, 2 * d)])
+            for d in (1 << h for h in range((p - 1).bit_length()))]
+
+
+def _p_scatter_binomial(ranks: Sequence[int], root: int, bounds: Sequence[int], item: int) -> Pattern:
+    p = len(ranks)
+    offsets = [0]
+    for j in range(p):
+        offsets.append(offsets[-1] + _chunk(bounds, (root + j) % p, 1))
+    return [Round([(ranks[(v + root) % p], ranks[(v + d + root) % p],
+                    (offsets[min(v + 2 * d, p)] - offsets[v + d]) * item) for v in range(0, p - d, 2 * d)])
+            for d in (1 << h for h in reversed(range((p - 1).bit_length())))]
+
+
+def _p_scatter_linear(ranks: Sequence[int], root: int, bounds: Sequence[int], item: int) -> Pattern:
+    p = len(ranks)
+    return [Round([(ranks[root], ranks[(root + s) % p], _chunk(bounds, (root + s) % p, item)) for s in w])
+            for w in _windows(p)]
+
+
+def _p_scatter_ring(ranks: Sequence[int], root: int, bounds: Sequence[int], item: int) -> Pattern:
+    p = len(ranks)
+    return [Round([(ranks[(q + root) % p], ranks[(q + 1 + root) % p], _chunk(bounds, (q + p - 1 - t + root) % p, item))
+                   for q in range(t + 1)])
+            for t in range(p - 1)]
+
+
+def _nodes_and_representatives(ranks: Sequence[int], root: int, k: int) -> tuple[list, list[int], int]:
+    nodes = [list(ranks[i : i + k]) for i in range(0, len(ranks), k)]
+    home = root // k
+    return nodes, [node[root % k] if i == home else node[0] for i, node in enumerate(nodes)], home
+
+
+def _node_bounds(node: Sequence[int], bounds: Sequence[int]) -> list[int]:
+    """A node's blocks (its ranks consecutive) from 0."""
+    return [bounds[r] - bounds[node[0]] for r in node] + [bounds[node[-1] + 1] - bounds[node[0]]]
+
+
+def _p_gather(algorithm: str, ranks: Sequence[int], root: int, bounds: Sequence[int], item: int, k: int) -> Pattern:
+    if algorithm == "linear":
+        return _p_gather_linear(ranks, root, bounds, item)
+    if algorithm == "binomial":
+        return _p_gather_binomial(ranks, root, bounds, item)
+    if algorithm == "ring":
+        return _p_gather_ring(ranks, root, bounds, item)
+    if algorithm == "node_leader":
+        nodes, reps, home = _nodes_and_representatives(ranks, root, k)
+        inside = _side_by_side(_p_gather(flat_choice("gather", local[-1] * item, k), node, 0, local, item, k)
+                               for i, node, local in ((i, node, _node_bounds(node, bounds))
+                                                      for i, node in enumerate(nodes)) if i != home)
+        incoming = [(r, root, _chunk(bounds, r, item)) for r in nodes[home] if r != root]
+        incoming += [(node[0], root, size) for i, node in enumerate(nodes)
+                     if i != home and (size := (bounds[node[-1] + 1] - bounds[node[0]]) * item)]
+        return inside + [Round(incoming[first : first + WINDOW]) for first in range(0, len(incoming), WINDOW)]
+    raise ValueError(f"no pattern of gather {algorithm!r}")
+
+
+def _p_scatter(algorithm: str, ranks: Sequence[int], root: int, bounds: Sequence[int], item: int, k: int) -> Pattern:
+    if algorithm == "linear":
+        return _p_scatter_linear(ranks, root, bounds, item)
+    if algorithm == "binomial":
+        return _p_scatter_binomial(ranks, root, bounds, item)
+    if algorithm == "ring":
+        return _p_scatter_ring(ranks, root, bounds, item)
+    if algorithm == "node_leader":
+        nodes, reps, home = _nodes_and_representatives(ranks, root, k)
+        outgoing = [(root, r, _chunk(bounds, r, item)) for r in nodes[home] if r != root]
+        outgoing += [(root, node[0], size) for i, node in enumerate(nodes)
+                     if i != home and (size := (bounds[node[-1] + 1] - bounds[node[0]]) * item)]
+        inside = _side_by_side(_p_scatter(flat_choice("scatter", local[-1] * item, k), node, 0, local, item, k)
+                               for i, node, local in ((i, node, _node_bounds(node, bounds))
+                                                      for i, node in enumerate(nodes)) if i != home)
+        return [Round(outgoing[first : first + WINDOW]) for first in range(0, len(outgoing), WINDOW)] + inside
+    raise ValueError(f"no pattern of scatter {algorithm!r}")
+
+
+def _p_rs_halving(ranks: Sequence[int], count: int, bounds: Sequence[int], item: int) -> Pattern:
+    p = len(ranks)
+    p2, extra = _fold(p)
+    first = [bounds[2 * v if v < extra else v + extra] for v in range(p2)] + [bounds[p]]
+    rounds = _p_fold(ranks, count * item, back=False)
+    window = {v: (0, p2) for v in range(p2)}
+    mask = p2 >> 1
+    while mask:
+        one = Round()
+        for v in range(p2):
+            lo, hi = window[v]
+            middle = lo + mask
+            keep, give = ((lo, middle), (middle, hi)) if v < v ^ mask else ((middle, hi), (lo, middle))
+            one.messages.append((ranks[_real(v, extra)], ranks[_real(v ^ mask, extra)],
+                                 (first[give[1]] - first[give[0]]) * item))
+            one.reduce(ranks[_real(v, extra)], (first[keep[1]] - first[keep[0]]) * item)
+            window[v] = keep
+        rounds.append(one)
+        mask >>= 1
+    if extra:
+        rounds.append(Round([(ranks[2 * i + 1], ranks[2 * i], _chunk(bounds, 2 * i, item)) for i in range(extra)]))
+    return rounds
+
+
+def _p_reduce_scatter(algorithm: str, ranks: Sequence[int], count: int, bounds: Sequence[int], item: int,
+                      k: int) -> Pattern:
+    if algorithm == "ring":
+        return _p_rs_ring(ranks, bounds, item)
+    if algorithm == "ring_pipelined":
+        return _p_rs_pipelined(ranks, bounds, item)
+    if algorithm == "recursive_halving":
+        return _p_rs_halving(ranks, count, bounds, item)
+    if algorithm == "scattered":
+        return _p_rs_scattered(ranks, bounds, item)
+    if algorithm == "node_leader":
+        n = count * item
+        nodes, leaders, _ = _nodes_and_representatives(ranks, 0, k)
+        node_bounds = [bounds[node[0]] - bounds[0] for node in nodes] + [bounds[-1] - bounds[0]]
+        inside = _side_by_side(_p_reduce(flat_choice("reduce", n, k), node, 0, count, item, k) for node in nodes)
+        across = _p_reduce_scatter(across_choice("reduce_scatter", n, len(nodes)), leaders, count, node_bounds, item,
+                                   1)
+        scatter = _side_by_side(_p_scatter(flat_choice("scatter", local[-1] * item, k), node, 0, local, item, k)
+                                for node, local in ((node, _node_bounds(node, bounds)) for node in nodes))
+        return inside + across + (scatter if k > 1 else [])
+    raise ValueError(f"no pattern of reduce_scatter {algorithm!r}")
+
+
+def _p_scan_chain(ranks: Sequence[int], count: int, item: int, exclusive: bool) -> Pattern:
+    p = len(ranks)
+    if p == 1:
+        return []
+    parts = chain_segments(count, item, p)
+    rounds = []
+    for t in range(p + len(parts) - 2):
+        one = Round()
+        for r in range(max(0, t - len(parts) + 1), min(t, p - 2) + 1):
+            lo, hi = parts[t - r]
+            one.messages.append((ranks[r], ranks[r + 1], (hi - lo) * item))
+            if not (exclusive and r + 1 == p - 1):
+                one.reduce(ranks[r + 1], (hi - lo) * item)
+        rounds.append(one)
+    return rounds
+
+
+def _p_scan_doubling(ranks: Sequence[int], n: int, exclusive: bool) -> Pattern:
+    p = len(ranks)
+    rounds, has_result = [], [not exclusive] * p
+    mask = 1
+    while mask < p:
+        one = Round()
+        for r in range(p):
+            partner = r ^ mask
+            if partner < p:
+                one.messages.append((ranks[r], ranks[partner], n))
+                one.reduce(ranks[r], n * ((partner < r and has_result[r]) + (mask << 1 < p)))
+                has_result[r] = has_result[r] or partner < r
+        rounds.append(one)
+        mask <<= 1
+    return rounds
+
+
+def _p_scan(algorithm: str, ranks: Sequence[int], count: int, item: int, k: int, exclusive: bool) -> Pattern:
+    n = count * item
+    if algorithm == "ring":
+        return _p_scan_chain(ranks, count, item, exclusive)
+    if algorithm == "recursive_doubling":
+        return _p_scan_doubling(ranks, n, exclusive)
+    if algorithm == "node_leader":
+        nodes = [list(ranks[i : i + k]) for i in range(0, len(ranks), k)]
+        inside = _side_by_side(_p_scan(flat_choice("scan", n, k), node, count, item, k, exclusive) for node in nodes)
+        if len(nodes) == 1:
+            return inside
+        totals = [Round(reduced={node[-1]: n for node in nodes})] if exclusive and k > 1 else []
+        across = _p_scan(across_choice("scan", n, len(nodes)), [node[-1] for node in nodes], count, item, 1, True)
+        broadcast = _side_by_side(_p_broadcast(flat_choice("broadcast", n, k), node, k - 1, count, item, k)
+                                  for node in nodes[1:])
+        combine = Round(reduced={r: n for node in nodes[1:] for r in node if not (exclusive and r == node[0])})
+        return inside + totals + across + broadcast + [combine]
+    raise ValueError(f"no pattern of {'exscan' if exclusive else 'scan'} {algorithm!r}")
+
+
 def pattern(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, itemsize: int = 8,
             root: int = 0) -> Pattern:
     """Every message of every round, as mpiring sends them for `nbytes` of `itemsize`-byte items
-    (per rank; the buffer for broadcast) on `nodes` x `per_node` ranks in node order."""
+    (per rank; the buffer for broadcast; in all for gather and scatter) on `nodes` x `per_node` ranks in
+    node order."""
     if algorithm == "auto":
         algorithm = auto_choice(collective, nbytes, nodes, per_node)
     _check(collective, algorithm, nodes, per_node)
@@ -773,7 +1244,16 @@ def pattern(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: 
         return _p_allreduce(algorithm, ranks, count, itemsize, per_node)
     if collective == "broadcast":
         return _p_broadcast(algorithm, ranks, root, count, itemsize, per_node)
-    return _p_reduce(algorithm, ranks, root, count, itemsize, per_node)
+    if collective == "reduce":
+        return _p_reduce(algorithm, ranks, root, count, itemsize, per_node)
+    bounds = split_bounds(count, len(ranks))
+    if collective == "gather":
+        return _p_gather(algorithm, ranks, root, bounds, itemsize, per_node)
+    if collective == "scatter":
+        return _p_scatter(algorithm, ranks, root, bounds, itemsize, per_node)
+    if collective == "reduce_scatter":
+        return _p_reduce_scatter(algorithm, ranks, count, bounds, itemsize, per_node)
+    return _p_scan(algorithm, ranks, count, itemsize, per_node, collective == "exscan")
 
 
 def bytes_sent(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, rank: int,

@@ -1,5 +1,5 @@
 """The cost model's message pattern is mpiring's: on virtual node maps in node order, every
-allreduce, broadcast and reduce algorithm (and `auto`) hands MPI on each rank exactly the bytes
+algorithm of the collectives the model knows (and `auto`) hands MPI on each rank exactly the bytes
 and messages mpiring.cost_model.bytes_sent counts; and `calibrate` fits a fabric and saves it."""
 
 from __future__ import annotations
@@ -37,21 +37,40 @@ def grid(request, monkeypatch):
         yield comm, len(nodes), per_node
 
 
+def _call(comm, collective: str, algorithm: str, length: int, root: int) -> int:
+    """One call of `collective` on `length` float64 items (per rank; in all for gather and scatter,
+    split as numpy.array_split cuts them and given as counts=, so no layout round runs first);
+    returns the bytes the model takes."""
+    x = np.full(length, RANK + 1.0)
+    rows = [len(part) for part in np.array_split(np.empty(length), N)]
+    if collective == "allreduce":
+        comm.allreduce(x, algorithm=algorithm)
+    elif collective == "broadcast":
+        comm.broadcast(x, root=root, algorithm=algorithm)
+    elif collective == "reduce":
+        comm.reduce(x, root=root, algorithm=algorithm)
+    elif collective == "gather":
+        comm.gather(np.full(rows[RANK], RANK + 1.0), root=root, counts=rows,
+                    out=np.empty(length) if RANK == root else None, algorithm=algorithm)
+    elif collective == "scatter":
+        comm.scatter(x if RANK == root else None, root=root, counts=rows, out=np.empty(rows[RANK]),
+                     algorithm=algorithm)
+    elif collective == "reduce_scatter":
+        comm.reduce_scatter(x, algorithm=algorithm)
+    else:
+        getattr(comm, collective)(x, algorithm=algorithm)
+    return x.nbytes
+
+
 @pytest.mark.parametrize("collective,algorithm", CALLS, ids=lambda c: str(c))
 def test_each_rank_sends_what_the_model_counts(grid, collective, algorithm):
     comm, nodes, per_node = grid
     for length in LENGTHS:
-        x = np.full(length, RANK + 1.0)
-        for root in ROOTS if collective != "allreduce" else [0]:
+        for root in ROOTS if collective in ("broadcast", "reduce", "gather", "scatter") else [0]:
             comm.traffic.reset()
-            if collective == "allreduce":
-                comm.allreduce(x, algorithm=algorithm)
-            elif collective == "broadcast":
-                comm.broadcast(x, root=root, algorithm=algorithm)
-            else:
-                comm.reduce(x, root=root, algorithm=algorithm)
+            nbytes = _call(comm, collective, algorithm, length, root)
             got = (comm.traffic.bytes_sent, comm.traffic.messages)
-            want = cost_model.bytes_sent(collective, algorithm, x.nbytes, nodes, per_node, RANK, root=root)
+            want = cost_model.bytes_sent(collective, algorithm, nbytes, nodes, per_node, RANK, root=root)
             assert got == want, f"{collective} {algorithm} {length} items root {root} on {nodes} x {per_node}"
 
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracles import all_inputs, assert_barrier_waits_for_all, assert_same, native_reduction, numpy_reduce, rank_input
+from oracles import (
+    all_inputs,
+    assert_barrier_waits_for_all,
+    assert_same,
+    native_op,
+    native_reduction,
+    native_supported,
+    numpy_reduce,
+    rank_input,
+)
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
@@ -161,6 +170,173 @@ def test_alltoall(nodes_comm, algorithm):
         assert_same(native, want, "mpi4py's Alltoall")
 
 
+# uneven row counts, some empty: every rank's, then all on one rank, then large parts
+RAGGED = [[(3 * r + 1) % 4 for r in range(N)], [0] * (N - 1) + [5], [20_001 // N + r for r in range(N)]]
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["gather"], "auto"])
+@pytest.mark.parametrize("root", ROOTS)
+def test_gather(nodes_comm, algorithm, root):
+    """Ragged and empty blocks, with and without counts= (the layout round then runs first)."""
+    for seed, rows in enumerate(RAGGED):
+        inputs = [rank_input(seed, r, (rows[r], 3), np.float32) for r in range(N)]
+        want = np.concatenate(inputs)
+        out = np.empty_like(want) if RANK == root else None
+        for run in range(3):  # seen, recorded, replayed
+            what = f"gather {algorithm} root {root} rows {rows} run {run}"
+            got = nodes_comm.gather(inputs[RANK], root=root, algorithm=algorithm)
+            got_counts = nodes_comm.gather(inputs[RANK], root=root, algorithm=algorithm, counts=rows, out=out)
+            if RANK == root:
+                assert_same(got, want, what)
+                assert got_counts is out
+                assert_same(got_counts, want, f"{what} counts=")
+            else:
+                assert got is None and got_counts is None, what
+        native = WORLD.gather(inputs[RANK], root=root)
+        if RANK == root:
+            assert_same(np.concatenate(native), want, "mpi4py's gather")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["scatter"], "auto"])
+@pytest.mark.parametrize("root", ROOTS)
+def test_scatter(nodes_comm, algorithm, root):
+    """numpy.array_split's parts and ragged counts=, some empty; the header round runs first
+    without counts=."""
+    for seed, rows in enumerate(RAGGED):
+        whole = rank_input(seed, root, (sum(rows), 3), np.float64)
+        x = whole if RANK == root else None
+        even = np.array_split(whole, N)[RANK]
+        lo = sum(rows[:RANK])
+        mine = whole[lo : lo + rows[RANK]]
+        out = np.empty_like(mine)
+        for run in range(3):
+            what = f"scatter {algorithm} root {root} rows {rows} run {run}"
+            assert_same(nodes_comm.scatter(x, root=root, algorithm=algorithm), even, what)
+            got = nodes_comm.scatter(x, root=root, algorithm=algorithm, counts=rows, out=out)
+            assert got is out
+            assert_same(got, mine, f"{what} counts=")
+        native = WORLD.scatter(np.split(whole, np.cumsum(rows)[:-1]) if RANK == root else None, root=root)
+        assert_same(native, mine, "mpi4py's scatter")
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["reduce_scatter"], "auto"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_reduce_scatter(nodes_comm, case, algorithm):
+    """numpy.array_split's parts (against MPI's Reduce_scatter too) and ragged counts=."""
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, (length, 2), dtype, op)
+        want = np.array_split(numpy_reduce(op, inputs), N)[RANK]
+        for run in range(3):
+            got = nodes_comm.reduce_scatter(inputs[RANK], op=op, algorithm=algorithm)
+            assert_same(got, want, f"reduce_scatter {algorithm} {op} {dtype} len {length} run {run}")
+        native = native_reduction("reduce_scatter", inputs[RANK], op)
+        if native is not None:
+            assert_same(got, native, f"reduce_scatter {algorithm} {op} {dtype} len {length} vs MPI")
+    for seed, counts in enumerate(RAGGED):
+        inputs = all_inputs(seed, N, (sum(counts), 2), dtype, op)
+        lo = sum(counts[:RANK])
+        want = numpy_reduce(op, inputs)[lo : lo + counts[RANK]]
+        out = np.empty_like(want)
+        for run in range(3):
+            got = nodes_comm.reduce_scatter(inputs[RANK], op=op, counts=counts, out=out, algorithm=algorithm)
+            assert got is out
+            assert_same(got, want, f"reduce_scatter {algorithm} {op} {dtype} counts={counts} run {run}")
+        if native_supported(dtype, op):
+            native = np.empty_like(want)
+            WORLD.Reduce_scatter(inputs[RANK], native, [2 * c for c in counts], native_op(op, dtype))
+            if op == "avg":
+                native = np.true_divide(native, N).astype(dtype)
+            assert_same(got, native, f"reduce_scatter {algorithm} {op} {dtype} counts={counts} vs MPI")
+
+
+def _native_scan(x: np.ndarray, op: str, exclusive: bool) -> np.ndarray | None:
+    """MPI's Scan or Exscan where MPI has the dtype and op (called on every rank); None on exscan's rank 0."""
+    if not native_supported(x.dtype, op):
+        return None
+    out = np.empty_like(x)
+    (WORLD.Exscan if exclusive else WORLD.Scan)(x, out, native_op(op, x.dtype))
+    if exclusive and RANK == 0:
+        return None
+    return np.true_divide(out, RANK if exclusive else RANK + 1).astype(x.dtype) if op == "avg" else out
+
+
+@pytest.mark.parametrize("algorithm", [*NODE_AWARE["scan"], "auto"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_scan_and_exscan(nodes_comm, case, algorithm):
+    """On maps whose nodes are not in rank order the node-aware scan runs a flat one: the same results."""
+    dtype, op = case
+    for seed, length in enumerate(LENGTHS):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        out = np.empty_like(inputs[RANK])
+        for run in range(3):
+            what = f"scan {algorithm} {op} {dtype} len {length} run {run}"
+            got = nodes_comm.scan(inputs[RANK], op=op, algorithm=algorithm, out=out if run else None)
+            assert_same(got, numpy_reduce(op, inputs[: RANK + 1]), what)
+            got_ex = nodes_comm.exscan(inputs[RANK], op=op, algorithm=algorithm)
+            if RANK == 0:
+                assert got_ex is None, f"ex{what}"
+            else:
+                assert_same(got_ex, numpy_reduce(op, inputs[:RANK]), f"ex{what}")
+        native = _native_scan(inputs[RANK], op, exclusive=False)
+        if native is not None:
+            assert_same(got, native, f"scan {algorithm} {op} {dtype} len {length} vs MPI")
+        native = _native_scan(inputs[RANK], op, exclusive=True)
+        if native is not None:
+            assert_same(got_ex, native, f"exscan {algorithm} {op} {dtype} len {length} vs MPI")
+
+
+@pytest.mark.parametrize("algorithm", ["node_leader", "auto"])
+def test_rooted_and_scans_nonblocking_and_persistent(nodes_comm, algorithm):
+    """gather, scatter, reduce_scatter, scan and exscan in flight together, then as persistent
+    requests started three times on new data."""
+    rows = RAGGED[0]
+    x = rank_input(3, RANK, (rows[RANK], 2), np.float64)
+    whole = np.concatenate([rank_input(3, r, (rows[r], 2), np.float64) for r in range(N)])
+    inputs = all_inputs(4, N, (2 * N + 1, 2), np.dtype("int32"))
+    total = numpy_reduce("sum", inputs)
+    root = N - 1
+    requests = [nodes_comm.igather(x, root=root, algorithm=algorithm),
+                nodes_comm.iscatter(whole if RANK == root else None, root=root, counts=rows, out=np.empty_like(x),
+                                    algorithm=algorithm),
+                nodes_comm.ireduce_scatter(inputs[RANK], algorithm=algorithm),
+                nodes_comm.iscan(inputs[RANK], algorithm=algorithm),
+                nodes_comm.iexscan(inputs[RANK], algorithm=algorithm)]
+    gathered, scattered, reduced, scanned, exscanned = [r.wait() for r in reversed(requests)][::-1]
+    if RANK == root:
+        assert_same(gathered, whole, "igather")
+    assert_same(scattered, x, "iscatter")
+    assert_same(reduced, np.array_split(total, N)[RANK], "ireduce_scatter")
+    assert_same(scanned, numpy_reduce("sum", inputs[: RANK + 1]), "iscan")
+    assert exscanned is None if RANK == 0 else np.array_equal(exscanned, numpy_reduce("sum", inputs[:RANK]))
+    y = inputs[RANK].copy()
+    out_rs = np.empty_like(np.array_split(total, N)[RANK])
+    out_scan, out_ex = np.empty_like(y), np.empty_like(y)
+    xs, out_gather, out_scatter = x.copy(), np.empty_like(whole), np.empty_like(x)
+    wholes = whole.copy()
+    persistent = [nodes_comm.gather_init(xs, root=root, out=out_gather if RANK == root else None, counts=rows,
+                                         algorithm=algorithm),
+                  nodes_comm.scatter_init(wholes if RANK == root else None, root=root, out=out_scatter, counts=rows,
+                                          algorithm=algorithm),
+                  nodes_comm.reduce_scatter_init(y, out=out_rs, algorithm=algorithm),
+                  nodes_comm.scan_init(y, out=out_scan, algorithm=algorithm),
+                  nodes_comm.exscan_init(y, out=out_ex, algorithm=algorithm)]
+    for run in range(3):
+        y[:] = inputs[RANK] * (run + 1)
+        xs[:], wholes[:] = x * (run + 1), whole * (run + 1)
+        for request in persistent:
+            request.start()
+        for request in persistent:
+            request.wait()
+        if RANK == root:
+            assert_same(out_gather, whole * (run + 1), f"persistent gather run {run}")
+        assert_same(out_scatter, x * (run + 1), f"persistent scatter run {run}")
+        assert_same(out_rs, np.array_split(total, N)[RANK] * (run + 1), f"persistent reduce_scatter run {run}")
+        assert_same(out_scan, numpy_reduce("sum", inputs[: RANK + 1]) * (run + 1), f"persistent scan run {run}")
+        if RANK:
+            assert_same(out_ex, numpy_reduce("sum", inputs[:RANK]) * (run + 1), f"persistent exscan run {run}")
+
+
 def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
     """On a map of several nodes with several ranks on some, `auto` records node-aware
     algorithms for the collectives that have them; on one node, flat ones."""
@@ -170,9 +346,10 @@ def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
         for _ in range(2):
             comm.allreduce(x)
             comm.broadcast(x)
+            comm.reduce_scatter(x)
         hierarchical = comm._ring.nodes.hierarchical
         if ONE_NODE:  # two virtual nodes, of several ranks from 3 ranks on
             assert hierarchical is (N >= 3)
-        for collective in ("allreduce", "broadcast"):  # allgather's layout round is tested above
+        for collective in ("allreduce", "broadcast", "reduce_scatter"):  # allgather's layout round is tested above
             chosen = comm.plan_of(collective, x).call.algorithm
             assert chosen.startswith("node_") is hierarchical, (collective, chosen)

@@ -37,19 +37,23 @@ from mpiring.algorithms.broadcast_node_leader import broadcast_node_leader
 from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.algorithms.gather_binomial import gather_binomial
 from mpiring.algorithms.gather_linear import gather_linear
+from mpiring.algorithms.gather_node_leader import gather_node_leader
 from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.algorithms.reduce_node_leader import reduce_node_leader
 from mpiring.algorithms.reduce_ring import reduce_ring
+from mpiring.algorithms.reduce_scatter_node_leader import reduce_scatter_node_leader
 from mpiring.algorithms.reduce_scatter_recursive_halving import reduce_scatter_recursive_halving
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_scatter_steps
 from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
 from mpiring.algorithms.reduce_scattered import reduce_scattered
+from mpiring.algorithms.scan_node_leader import scan_node_leader
 from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
 from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.algorithms.scatter_binomial import scatter_binomial
 from mpiring.algorithms.scatter_linear import scatter_linear
+from mpiring.algorithms.scatter_node_leader import scatter_node_leader
 from mpiring.algorithms.scatter_ring import scatter_steps
 
 ALGORITHMS: dict[str, dict[str, Callable]] = {
@@ -66,15 +70,18 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "node_lanes": allreduce_node_lanes,
         "node_leader": allreduce_node_leader,
     },
-    "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear},
+    "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear,
+               "node_leader": gather_node_leader},
     "allgather": {"ring": allgather_steps, "bruck": allgather_bruck, "scattered": allgather_scattered,
                   "node_leader": allgather_node_leader},
-    "scatter": {"ring": scatter_steps, "binomial": scatter_binomial, "linear": scatter_linear},
+    "scatter": {"ring": scatter_steps, "binomial": scatter_binomial, "linear": scatter_linear,
+                "node_leader": scatter_node_leader},
     "reduce_scatter": {
         "ring": reduce_scatter_steps,
         "ring_pipelined": pipelined_reduce_scatter_steps,
         "recursive_halving": reduce_scatter_recursive_halving,
         "scattered": reduce_scatter_scattered,
+        "node_leader": reduce_scatter_node_leader,
     },
     "barrier": {"ring": barrier_ring, "dissemination": barrier_dissemination, "node_leader": barrier_node_leader},
     "alltoall": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered, "bruck": alltoall_bruck,
@@ -82,8 +89,8 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     # the ranks know only their own counts, not the blocks Bruck would forward for others
     "alltoallv": {"pairwise": alltoall_pairwise, "scattered": alltoall_scattered},
     # one function each for scan and exscan (the collective says which)
-    "scan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
-    "exscan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling},
+    "scan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling, "node_leader": scan_node_leader},
+    "exscan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling, "node_leader": scan_node_leader},
 }
 
 DEFAULT_ALGORITHM = "auto"  # mpiring.selection picks by message and world size

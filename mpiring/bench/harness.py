@@ -152,7 +152,10 @@ def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p
               "alltoallv": (buffers.counts, buffers.counts)}.get(row.name)  # as table.py's calls pass them
     recorded = setup.comm.plan_of(row.name, x, buffers.ours, op=setup.op, root=setup.root, counts=counts,
                                   algorithm=setup.algorithm)
-    if recorded is not None:
+    # every rank replays the same kind of ceiling: a call may be recorded on some ranks and not on
+    # others (a node-aware call whose pipelined phase runs on some ranks only), and the two kinds'
+    # messages do not match
+    if p2p.allreduce(recorded is not None, op=MPI.LAND):
         return MessagesOnly(recorded, x, buffers.ours)
     steps = row.ceiling(setup.size, setup.rank, setup.root, count, itemsize)
     return ceiling_runner(p2p, steps, itemsize, device.native_xp)
