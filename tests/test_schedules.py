@@ -150,7 +150,7 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
     monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)  # two float64 per segment
     monkeypatch.setattr(broadcast_ring, "SEGMENT_BYTES", 16)
     monkeypatch.setattr(scan_chain, "SEGMENT_BYTES", 16)
-    monkeypatch.setattr(node_pipelined, "SEGMENT_BYTES", 16)
+    monkeypatch.setattr(node_pipelined, "PIECE_BYTES", 4)  # a few float64 per segment
     for module in WINDOWED:
         monkeypatch.setattr(module, "WINDOW", 2)  # several steps from 3 or 4 ranks on
     # node-aware algorithms on node maps of blocks, round-robin (ranks not in node order) and uneven nodes
@@ -214,7 +214,7 @@ def test_node_aware_allreduce_cannot_deadlock_under_rendezvous(monkeypatch, algo
     """Every rank waits for each step it yields; a step completes once all its messages' peers
     have posted their halves. Stepping whichever rank can, every rank must finish, for node maps
     of even, uneven and interleaved nodes and several pipeline segments."""
-    monkeypatch.setattr(node_pipelined, "SEGMENT_BYTES", 24)  # three float64 per segment
+    monkeypatch.setattr(node_pipelined, "PIECE_BYTES", 4)  # a few float64 per segment
     monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)
     for p, spec in ((p, spec) for p in (1, 2, 3, 4, 5, 7, 8) for spec in ("", "2", "2:round-robin", "3", "1")):
         nodes = NodeMap(split_virtual((tuple(range(p)),), spec))

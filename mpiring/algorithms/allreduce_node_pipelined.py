@@ -20,7 +20,7 @@ step t: the phases never wait on each other across ranks, whatever the node size
 step the lanes post first, so a share is on the network while this rank reduces and copies for
 the node phases.
 
-Cost, N nodes of k ranks, n bytes per rank, m segments of s = n/m bytes:
+Cost, N nodes of k ranks, n bytes per rank, m segments of s = n/m bytes (at most k N PIECE_BYTES):
     (m+2) L steps, each  max(alpha_e + 2 s/(kN) k beta_e [a node's k lanes share its link],
                              alpha_i + 2 s/k beta_i [the two node phases' messages])
                   + the reductions of the step (s/k gamma inside, s/(kN) gamma across)
@@ -47,18 +47,19 @@ from mpiring.engine.transport import Step, Steps
 from mpiring.ops import AVG, SUM
 from mpiring.ring import Ring, SubRing
 
-# Measured on the emulated cluster (2 nodes x 2 ranks, 1 Gbit/s): small enough that fill and
-# drain (one segment's node phases) stay a few percent of a 4 MiB call, large enough that the
-# (m+2) L steps' message costs stay small (docs/algorithms.md, "Across nodes").
-SEGMENT_BYTES = 1 << 19
+# The bytes of one message across nodes (a lane's ring step): a segment is k N of them, so the
+# network's per-message cost is amortized alike at any scale. Measured on the emulated cluster
+# (2 nodes x 2 ranks, 1 Gbit/s): 4 MiB took the same time from 8 KiB to 64 KiB pieces (32 to 256
+# KiB segments) and more from 128 KiB up, where fill and drain (one segment's node phases) grow.
+PIECE_BYTES = 1 << 15
 
 LANES, REDUCE_SCATTER, ALL_GATHER = 0, 1, 2  # the phases; a segment enters phase p in slot g + p
 
 
-def segment_bounds(count: int, itemsize: int) -> list[int]:
-    """Bounds of the segments `count` items are cut into: at most SEGMENT_BYTES each, as even as
-    can be, and one (perhaps empty) segment at least."""
-    per = max(1, SEGMENT_BYTES // itemsize)
+def segment_bounds(count: int, itemsize: int, pieces: int) -> list[int]:
+    """Bounds of the segments `count` items are cut into: at most `pieces` x PIECE_BYTES each,
+    as even as can be, and one (perhaps empty) segment at least."""
+    per = max(1, pieces * PIECE_BYTES // itemsize)
     return split_bounds(count, max(1, -(-count // per)))
 
 
@@ -85,7 +86,7 @@ def allreduce_node_pipelined(ring: Ring, backend: NumpyBackend, tag: int, src: A
     node = SubRing(ring, nodes.node(ring.rank))
     lane = SubRing(ring, nodes.lane(node.rank)) if node.rank < nodes.lanes else None
     summing = SUM if op == AVG else op  # the division by every rank's count comes once, at the end
-    cuts = segment_bounds(src.size, src.itemsize)
+    cuts = segment_bounds(src.size, src.itemsize, nodes.lanes * len(nodes.nodes))
     m, slot = len(cuts) - 1, slot_steps(nodes.nodes)
 
     def phases(g: int) -> list[tuple[int, int, Generator[Step, None, Any]]]:
