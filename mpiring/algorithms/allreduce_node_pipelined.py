@@ -21,12 +21,14 @@ step the lanes post first, so a share is on the network while this rank reduces 
 the node phases.
 
 Cost, N nodes of k ranks, n bytes per rank, m segments of s = n/m bytes (at most k N PIECE_BYTES):
-    (m+2) L steps, each  max(alpha_e + 2 s/(kN) k beta_e [a node's k lanes share its link],
+    (m+2) L steps, each  max(alpha_e + s/N beta_e [a node's k lanes, s/(kN) each, share its link],
                              alpha_i + 2 s/k beta_i [the two node phases' messages])
                   + the reductions of the step (s/k gamma inside, s/(kN) gamma across)
 With s small next to n this tends to node_lanes' network time alone, 2(N-1)/N n beta_e, the least
 an all-reduce can cross, with the node phases hidden behind it; the price is (m+2) L alphas of
 each class and two slots of fill and drain. Bytes per rank are node_lanes' with ring lanes.
+It wins where the network is slow next to the node phases (1 Gbit/s links on the emulated
+cluster) and loses where it is not (10 Gbit/s there): docs/algorithms.md, "Pipelined lanes".
 
 Every share is reduced once, by its lane, in a fixed order: every rank gets the same bits. One
 node, nodes of one rank each, and staged device buffers run `node_lanes` (nothing to overlap,
