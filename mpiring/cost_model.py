@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from mpiring import environment, selection
+from mpiring.algorithms.allreduce_node_pipelined import segment_bounds, slot_steps
 from mpiring.algorithms.broadcast_ring import segment_count
 from mpiring.algorithms.reduce_scatter_ring_pipelined import SEGMENT_BYTES as PIPELINE_SEGMENT_BYTES
 from mpiring.algorithms.scan_ring import SEGMENT_BYTES as SCAN_SEGMENT_BYTES
@@ -311,6 +312,38 @@ def allreduce_node_lanes(n: float, N: int, k: int, f: Fabric) -> float:
     share = n / k
     across = _ALLREDUCE[across_choice("allreduce", int(share), N)](share, N, 1, f.with_inter_beta(k)) if N > 1 else 0.0
     return inside + across
+
+
+def allreduce_node_pipelined(n: float, N: int, k: int, f: Fabric) -> float:
+    """sum over (m+2) slots of L = max(k-1, 2(N-1)) steps, step i of a slot:
+    max(alpha_e + s/N beta_e [lane ring step i < 2(N-1)], alpha_i + c s/k beta_i [c node phases
+    with a step i < k-1]) + (s/k [reduce-scatter] + s/(kN) [lane step i < N-1]) gamma.
+
+    m = ceil(n / (k N PIECE_BYTES)) segments of s = n/m bytes. Slot 0 holds segment 0's reduce-scatter
+    alone, slot m+1 segment m-1's all-gather alone; between them a segment's lane all-reduce runs
+    beside the next one's reduce-scatter and the one before's all-gather (module
+    mpiring.algorithms.allreduce_node_pipelined). One node, or one rank per node: node_lanes."""
+    if N == 1 or k == 1:
+        return allreduce_node_lanes(n, N, k, f)
+    m = len(segment_bounds(int(n), 1, k * N)) - 1  # n bytes as items of one byte
+    share = n / m / k
+    slot = max(k - 1, 2 * (N - 1))
+
+    def one_slot(reduce_scatter: bool, lanes: bool, all_gather: bool) -> float:
+        total = 0.0
+        for i in range(slot):
+            node_phases = (reduce_scatter + all_gather) * (i < k - 1)
+            crossing = lanes and i < 2 * (N - 1)
+            across = f.inter.time(k * share / N) if crossing else 0.0
+            inside = f.intra.time(node_phases * share) if node_phases else 0.0
+            reduced = share * (reduce_scatter and i < k - 1) + share / N * (lanes and i < N - 1)
+            total += max(across, inside) + reduced * f.gamma
+        return total
+
+    if m == 1:
+        return one_slot(True, False, False) + one_slot(False, True, False) + one_slot(False, False, True)
+    return (one_slot(True, False, False) + one_slot(True, True, False) + (m - 2) * one_slot(True, True, True)
+            + one_slot(False, True, True) + one_slot(False, False, True))
 
 
 def allreduce_node_leader(n: float, N: int, k: int, f: Fabric) -> float:
@@ -698,6 +731,7 @@ _ALLREDUCE: dict[str, Formula] = {
     "recursive_doubling": allreduce_recursive_doubling, "rabenseifner": allreduce_rabenseifner,
     "ring": allreduce_ring, "ring_pipelined": allreduce_ring_pipelined, "scattered": allreduce_scattered,
     "node_lanes": allreduce_node_lanes, "node_leader": allreduce_node_leader,
+    "node_pipelined": allreduce_node_pipelined,
 }
 _BROADCAST: dict[str, Formula] = {"linear": broadcast_linear, "binomial": broadcast_binomial,
                                   "ring": broadcast_ring, "node_leader": broadcast_node_leader}
@@ -999,6 +1033,10 @@ def _p_allreduce(algorithm: str, ranks: Sequence[int], count: int, item: int, k:
                                              lane, lane_bounds[j + 1] - lane_bounds[j], item, 1)
                                 for j, lane in enumerate(lanes))
                 + _side_by_side(_p_ag_ring(node, lane_bounds, item) for node in nodes))
+    if algorithm == "node_pipelined":
+        if len(nodes) == 1 or k == 1:
+            return _p_allreduce("node_lanes", ranks, count, item, k)
+        return _p_node_pipelined(nodes, count, item)
     if algorithm == "node_leader":
         n = count * item
         leaders = [node[0] for node in nodes]
@@ -1006,6 +1044,32 @@ def _p_allreduce(algorithm: str, ranks: Sequence[int], count: int, item: int, k:
                 + _p_allreduce(across_choice("allreduce", n, len(nodes)), leaders, count, item, 1)
                 + _side_by_side(_p_broadcast_binomial(node, 0, n) for node in nodes))
     raise ValueError(f"no pattern of allreduce {algorithm!r}")
+
+
+def _p_node_pipelined(nodes: Sequence[Sequence[int]], count: int, item: int) -> Pattern:
+    """Segment g's reduce-scatter from round g L, its lanes' ring all-reduce from (g+1) L, its
+    all-gather from (g+2) L; phases that share a round run side by side."""
+    k = len(nodes[0])
+    lanes = [[node[j] for node in nodes] for j in range(k)]
+    cuts = segment_bounds(count, item, k * len(nodes))
+    slot = slot_steps(tuple(tuple(node) for node in nodes))
+    rounds: Pattern = []
+
+    def place(phase: Pattern, first: int) -> None:
+        while len(rounds) < first + len(phase):
+            rounds.append(Round())
+        for i, one in enumerate(phase):
+            rounds[first + i].messages += one.messages
+            for rank, nbytes in one.reduced.items():
+                rounds[first + i].reduce(rank, nbytes)
+
+    for g in range(len(cuts) - 1):
+        shares = split_bounds(cuts[g + 1] - cuts[g], k)
+        place(_side_by_side(_p_rs_ring(node, shares, item) for node in nodes), g * slot)
+        place(_side_by_side(_p_allreduce("ring", lane, shares[j + 1] - shares[j], item, 1)
+                            for j, lane in enumerate(lanes)), (g + 1) * slot)
+        place(_side_by_side(_p_ag_ring(node, shares, item) for node in nodes), (g + 2) * slot)
+    return rounds
 
 
 def _p_broadcast(algorithm: str, ranks: Sequence[int], root: int, count: int, item: int, k: int) -> Pattern:

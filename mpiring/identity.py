@@ -6,8 +6,10 @@ calls' data, each rank waits, and while it waits (mpiring.engine.waiting) it see
 raises `MessageMismatchError` naming both calls. Fields, from the lowest bit:
 
     layout round  1 bit   gather, all-gather and scatter that exchange a layout first
-    root          3 bits  root mod 8 (rooted collectives)
+    root          3 bits  root mod 8 (rooted collectives); the algorithm's high bits otherwise
     algorithm     3 bits  1 + its place in mpiring.algorithms.ALGORITHMS[collective]; 0 until chosen
+                          (its bits past the third in the root field, where the collective has no
+                          root: up to 7 algorithms of a rooted collective, 63 of another)
     op            4 bits  1 + its place in mpiring.ops.OPS; 0 without one
     dtype         5 bits  1 + its place among the supported dtypes by name; 0 without data, or
                           with a layout round (which compares the ranks' dtypes and says so)
@@ -37,7 +39,7 @@ _CODE = {
     "dtype": {dtype: i + 1 for i, dtype in enumerate(_DTYPES)},  # keyed by dtype: str(dtype) costs us
 }
 assert NOTICE >> _COLLECTIVE_SHIFT == 15 and len(NAMES) < 15 and len(OPS) < 16 and len(_DTYPES) < _OTHER_DTYPE
-assert all(len(algorithms) < 8 for algorithms in ALGORITHMS.values())
+assert all(len(algorithms) < (8 if collective in ROOTED else 64) for collective, algorithms in ALGORITHMS.items())
 
 
 def of_call(collective: str, x: Any, op: Any, root: Any, layout_round: bool) -> int:
@@ -55,7 +57,8 @@ def of_call(collective: str, x: Any, op: Any, root: Any, layout_round: bool) -> 
 
 def of_algorithm(collective: str, algorithm: str) -> int:
     """The identity bits the chosen algorithm adds."""
-    return _CODE["algorithm"][collective, algorithm] << _ALGORITHM_SHIFT
+    code = _CODE["algorithm"][collective, algorithm]
+    return (code & 7) << _ALGORITHM_SHIFT | (code >> 3) << _ROOT_SHIFT  # the high bits: no root there
 
 
 def describe(identity: int, size: int) -> str:
@@ -75,6 +78,8 @@ def describe(identity: int, size: int) -> str:
     if collective in ROOTED:
         words.append(f"root {identity >> _ROOT_SHIFT & 7}" + (" mod 8" if size > 8 else ""))
     algorithm = identity >> _ALGORITHM_SHIFT & 7
+    if collective not in ROOTED:
+        algorithm |= (identity >> _ROOT_SHIFT & 7) << 3
     names = list(ALGORITHMS.get(collective, ()))
     if algorithm:
         words.append(f"algorithm {names[algorithm - 1]}" if algorithm <= len(names) else "another algorithm")

@@ -5,6 +5,8 @@ The same tests run across the emulated cluster's real nodes (tests/run_world_siz
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -78,6 +80,32 @@ def test_allreduce(nodes_comm, case, algorithm):
         in_place = inputs[RANK].copy()
         assert nodes_comm.allreduce(in_place, op=op, algorithm=algorithm, out=in_place) is in_place
         assert_same(in_place, numpy_reduce(op, inputs), f"in-place {what}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
+def test_allreduce_node_pipelined_in_many_segments(nodes_comm, monkeypatch, case):
+    """Segments of 248 bytes per rank or less: dozens of them in flight through the pipeline,
+    uneven in length, every form."""
+    monkeypatch.setattr(importlib.import_module("mpiring.algorithms.allreduce_node_pipelined"), "PIECE_BYTES", 62)
+    dtype, op = case
+    for seed, length in enumerate((40_001, 249, 250)):
+        inputs = all_inputs(seed, N, length, dtype, op)
+        want = numpy_reduce(op, inputs)
+        out = np.empty_like(inputs[RANK])
+        for run in range(3):  # seen, recorded, replayed
+            got = nodes_comm.allreduce(inputs[RANK], op=op, algorithm="node_pipelined", out=out if run else None)
+            assert_same(got, want, f"node_pipelined {op} {dtype} len {length} run {run}")
+        _same_everywhere(got, f"node_pipelined {op} {dtype} len {length}")
+        in_place = inputs[RANK].copy()
+        nodes_comm.allreduce(in_place, op=op, algorithm="node_pipelined", out=in_place)
+        assert_same(in_place, want, f"in-place node_pipelined {op} {dtype} len {length}")
+        assert_same(nodes_comm.iallreduce(inputs[RANK], op=op, algorithm="node_pipelined").wait(), want, "iallreduce")
+        x = inputs[RANK].copy()
+        request = nodes_comm.allreduce_init(x, out=out, op=op, algorithm="node_pipelined")
+        for run in range(2):
+            request.start()
+            request.wait()
+            assert_same(out, want, f"persistent node_pipelined {op} {dtype} len {length} run {run}")
 
 
 @pytest.mark.parametrize("algorithm", [*NODE_AWARE["allreduce"], "auto"])

@@ -22,6 +22,7 @@ from mpiring.engine.transport import Step
 from mpiring.topology import NodeMap, split_virtual
 
 scan_chain = importlib.import_module("mpiring.algorithms.scan_ring")  # the package's scan_ring is the function
+node_pipelined = importlib.import_module("mpiring.algorithms.allreduce_node_pipelined")
 # the one-round algorithms, whose WINDOW a test narrows (the package's names are the functions)
 WINDOWED = [importlib.import_module(f"mpiring.algorithms.{name}")
             for name in ("allgather_scattered", "alltoall_scattered", "reduce_scatter_scattered", "broadcast_linear",
@@ -149,6 +150,7 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
     monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)  # two float64 per segment
     monkeypatch.setattr(broadcast_ring, "SEGMENT_BYTES", 16)
     monkeypatch.setattr(scan_chain, "SEGMENT_BYTES", 16)
+    monkeypatch.setattr(node_pipelined, "PIECE_BYTES", 4)  # a few float64 per segment
     for module in WINDOWED:
         monkeypatch.setattr(module, "WINDOW", 2)  # several steps from 3 or 4 ranks on
     # node-aware algorithms on node maps of blocks, round-robin (ranks not in node order) and uneven nodes
@@ -167,3 +169,63 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
                     assert rings[a].sent.get(b, []) == rings[b].received.get(a, []), (
                         f"{collective} {algorithm} p={p} nodes={spec} length={length}: rank {a} sends rank {b} "
                         f"{rings[a].sent.get(b, [])} bytes, which posts receives for {rings[b].received.get(a, [])}")
+
+
+class RendezvousRing:
+    """A rank's view of a simulated world in which a message moves only once both its send and
+    its receive are posted (MPI's rendezvous protocol, the strictest it may choose)."""
+
+    def __init__(self, rank: int, size: int, nodes: NodeMap, world: dict) -> None:
+        self.rank, self.size, self.nodes, self.world = rank, size, nodes, world
+        self.left, self.right = (rank - 1) % size, (rank + 1) % size
+        self.needs: dict[int, list[tuple[str, int, int, int]]] = {}  # id(step) -> what it waits for
+
+    def position(self, root: int) -> int:
+        return (self.rank - root) % self.size
+
+    def rank_at(self, position: int, root: int) -> int:
+        return (root + position) % self.size
+
+    def scratch(self, backend, count, dtype):
+        return Scratch(np.empty(count, dtype))
+
+    def post(self, backend, tag, sends=(), receives=()):
+        step, needs = Step(), []
+        for _, dest in sends:  # the i-th message from a to b meets b's i-th receive from a
+            count = self.world["sends"].get((self.rank, dest), 0)
+            self.world["sends"][self.rank, dest] = count + 1
+            needs.append(("receives", self.rank, dest, count))
+        for _, source in receives:
+            count = self.world["receives"].get((source, self.rank), 0)
+            self.world["receives"][source, self.rank] = count + 1
+            needs.append(("sends", source, self.rank, count))
+        self.needs[id(step)] = needs
+        return step
+
+    def complete(self, step) -> bool:
+        return all(self.world[kind].get((a, b), 0) > i for kind, a, b, i in self.needs[id(step)])
+
+
+NODE_ALLREDUCE = [a for a in ALGORITHMS["allreduce"] if a.startswith("node_")]
+
+
+@pytest.mark.parametrize("algorithm", NODE_ALLREDUCE)
+def test_node_aware_allreduce_cannot_deadlock_under_rendezvous(monkeypatch, algorithm):
+    """Every rank waits for each step it yields; a step completes once all its messages' peers
+    have posted their halves. Stepping whichever rank can, every rank must finish, for node maps
+    of even, uneven and interleaved nodes and several pipeline segments."""
+    monkeypatch.setattr(node_pipelined, "PIECE_BYTES", 4)  # a few float64 per segment
+    monkeypatch.setattr(reduce_scatter_ring_pipelined, "SEGMENT_BYTES", 16)
+    for p, spec in ((p, spec) for p in (1, 2, 3, 4, 5, 7, 8) for spec in ("", "2", "2:round-robin", "3", "1")):
+        nodes = NodeMap(split_virtual((tuple(range(p)),), spec))
+        for length in sorted({0, 1, p + 1, 37, 100}):
+            world: dict = {"sends": {}, "receives": {}}
+            rings = [RendezvousRing(r, p, nodes, world) for r in range(p)]
+            runs = [ALGORITHMS["allreduce"][algorithm](ring, NUMPY, 1, np.arange(length, dtype=np.float64),
+                                                       np.empty(length), "sum") for ring in rings]
+            waiting = {r: next(runs[r], None) for r in range(p)}
+            while any(step is not None for step in waiting.values()):
+                ready = [r for r, step in waiting.items() if step is not None and rings[r].complete(step)]
+                assert ready, f"{algorithm} p={p} nodes={spec} length={length}: every rank waits, none can move"
+                for r in ready:
+                    waiting[r] = next(runs[r], None)

@@ -19,6 +19,7 @@ from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.allgather_scattered import allgather_scattered
 from mpiring.algorithms.allreduce_node_lanes import allreduce_node_lanes
 from mpiring.algorithms.allreduce_node_leader import allreduce_node_leader
+from mpiring.algorithms.allreduce_node_pipelined import allreduce_node_pipelined
 from mpiring.algorithms.allreduce_rabenseifner import allreduce_rabenseifner
 from mpiring.algorithms.allreduce_recursive_doubling import allreduce_recursive_doubling
 from mpiring.algorithms.allreduce_ring import allreduce_ring
@@ -68,6 +69,7 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
         "rabenseifner": allreduce_rabenseifner,
         "scattered": allreduce_scattered,
         "node_lanes": allreduce_node_lanes,
+        "node_pipelined": allreduce_node_pipelined,
         "node_leader": allreduce_node_leader,
     },
     "gather": {"ring": gather_steps, "binomial": gather_binomial, "linear": gather_linear,
