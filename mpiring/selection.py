@@ -91,8 +91,8 @@ NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     "allgather": [(None, "node_leader")],
     "barrier": [(None, "node_leader")],
     # each node's data summed in the node before it crosses: at 2 x 2 ranks and 1 Gbit/s it beat
-    # the flat choice from 64 KiB to 8 MiB per rank (2-3x at 64 KiB-2 MiB) and tied at 16 B
-    # (docs/algorithms.md, across nodes)
+    # the flat choice from 64 KiB to 8 MiB per rank and tied at 16 B (the figures:
+    # docs/measurements.md#node-aware-gather-scatter-reduce-scatter-and-scan)
     "reduce_scatter": [(None, "node_leader")],
 }
 
