@@ -26,6 +26,7 @@ arrays' identity (`_on_device_arrays`). Nonblocking calls run their generator. E
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from threading import get_ident
 from typing import Any, NamedTuple
@@ -114,7 +115,10 @@ class Engine:
         self.run = self.run_in_python  # the shortcut's memo of its last hit goes too
         self.cache.clear(keep=ring.abandoned)
         ring.scratch_pool.clear()
-        say_farewell(ring)
+        liveness = ring.liveness
+        if liveness is not None:
+            liveness.close()
+        say_farewell(ring, () if liveness is None else liveness.lost)
 
     def plan_of(self, collective: str, x: Any = None, out: Any = None, **arguments: Any) -> Schedule | Plan | None:
         """The schedule or plan a blocking call with these arrays replays, None if none yet
@@ -141,7 +145,7 @@ class Engine:
         checked, its sequence number taken, and compared across the ranks under MPIRING_CHECK."""
         self._usable(collective)
         algorithm = check_algorithm(collective, algorithm)
-        timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+        timeout = self.timeout if timeout is None else self.limit(collective, timeout)
         call = Call(collective, algorithm, self.ring.next_tag(), timeout, checked=(x, op, root, counts))
         if self.check is not None:  # MPIRING_CHECK: the ranks compare x, op, root and counts first
             self.check.compare(call, x, op, root, counts)  # its exchange, like every call, breaks the ring on failure
@@ -155,9 +159,17 @@ class Engine:
         self.ring.claim(collective)
         self._usable(collective)
 
+    def limit(self, collective: str, timeout: Any) -> float | None:
+        """A call's own timeout, checked: None (no limit) becomes math.inf under survival, where
+        every wait polls (an MPI_Waitall could not end when a peer is lost)."""
+        seconds = check_timeout(collective, timeout)
+        return math.inf if seconds is None and self.ring.liveness is not None else seconds
+
     def _usable(self, collective: str) -> None:
         if self.freed:
             raise CommunicatorFreedError(collective)
+        if self.ring.liveness is not None and self.ring.liveness.failed:
+            raise self.ring.liveness.error(collective)
         if self.ring.broken is not None:
             raise CommunicatorBrokenError(collective, self.ring.broken)
 
@@ -259,7 +271,7 @@ class Engine:
             if self.check is not None:
                 self.check.compare(known.call, *self.checked(collective, x, out, op, root, counts))
             result = self._run_schedule(known, x, out, self.timeout if timeout is None else
-                                        check_timeout(collective, timeout))
+                                        self.limit(collective, timeout))
             if known.stale:
                 self._forget(known)
             return result
@@ -355,7 +367,7 @@ class Engine:
                     self._check_aliasing(collective, x, out)
                 if self.check is not None:
                     self.check.compare(known.call, *known.call.checked)
-                timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+                timeout = self.timeout if timeout is None else self.limit(collective, timeout)
                 result = run_recorded(ring, known, timeout)
                 if known.receives:  # it took data: none may come from a call a peer left
                     no_notice(ring, collective, algorithm)
