@@ -709,9 +709,9 @@ class BufferAPI:
         return self.size
 
     def Dup(self, info: Any = None) -> Any:
-        """A new communicator over the same ranks, with this one's timeout and check (collective)."""
+        """A new communicator over the same ranks, with this one's timeout, check and survival (collective)."""
         timeout = math.inf if self.timeout is None else self.timeout
-        return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None)
+        return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None, survive=self.survives)
 
     def Free(self) -> None:
         """Release the communicator (mpiring's `free()`; collective)."""

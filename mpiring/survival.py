@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import os
 import selectors
+import signal
 import socket
 import struct
 import sys
@@ -97,6 +98,7 @@ class Liveness:
         self._inbox: dict[tuple[int, int], dict[int, tuple[int, int, frozenset[int]]]] = {}
         self._decided: dict[int, tuple[int, frozenset[int]]] = {}
         self.peers: dict[int, _Peer] = {}
+        _ignore_failure_signal()
         self._connect(comm)
         _WATCHER.add(self)
 
@@ -259,6 +261,17 @@ class Liveness:
         for peer in list(self.peers.values()):
             if peer.rank not in self.lost and peer.rank not in self.left:
                 _send(peer, frame)
+
+
+def _ignore_failure_signal() -> None:
+    """MPICH's Hydra, launched with -disable-auto-cleanup, sends SIGUSR1 to the other ranks when one
+    fails (a notice for MPI libraries that handle it); its default action would end them. The
+    watcher is how a surviving rank learns of the loss, so the signal is ignored, unless the program
+    handles it itself (only the main thread may set a handler)."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is not None and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(usr1) == signal.SIG_DFL:
+        signal.signal(usr1, signal.SIG_IGN)
 
 
 def _agree_body(instance: int, round_: int, decided: int, value: int, lost: frozenset[int]) -> bytes:

@@ -22,7 +22,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from test_lost_rank import SCENARIOS, launcher  # noqa: E402
+from test_lost_rank import SCENARIOS, launcher, reports  # noqa: E402
 
 
 def once(ranks: int, size: int) -> tuple[float, float, float]:
@@ -30,11 +30,11 @@ def once(ranks: int, size: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as directory:
         command, env = launcher()
         stages = [{"op": "allreduce", "how": "exit", "victim": ranks - 1, "size": size, "delay": 0.3}]
-        done = subprocess.run([*command, "-n", str(ranks), sys.executable, SCENARIOS, json.dumps(stages), directory],
-                              env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*command, "-n", str(ranks), sys.executable, SCENARIOS,
+                               json.dumps(stages), directory], env=env, capture_output=True, text=True, timeout=120)
         with open(os.path.join(directory, "lost-0")) as file:
             lost_at = float(file.read())
-    records = [json.loads(line[7:])["stages"][0] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    records = [report["stages"][0] for report in reports(done.stdout)]
     if len(records) != ranks - 1:
         raise SystemExit(f"{len(records)} survivors reported:\n{done.stdout}\n{done.stderr}")
     return tuple(max(record[key] for record in records) - lost_at for key in ("t_error", "t_shrunk", "t_first"))

@@ -23,6 +23,7 @@ writes the time it went into DIR.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -137,6 +138,7 @@ def leave_in_shrink(point: str, directory: str, name: str) -> None:
 
 def main() -> None:
     stages, directory = json.loads(sys.argv[1]), sys.argv[2]
+    faulthandler.dump_traceback_later(float(os.environ.get("LOST_RANK_DUMP_SECONDS", "40")))  # where a hang is
     comm = mpiring.Communicator(survive=True)
     me = comm.rank  # world rank
     pids = comm.mpi.allgather(os.getpid())
