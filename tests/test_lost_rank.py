@@ -106,8 +106,8 @@ def test_lost_inside_blocking_collectives_8_ranks(tmp_path) -> None:
 
 def test_lost_inside_small_collectives_4_ranks(tmp_path) -> None:
     run(4, [
-        {"op": "reduce", "how": "exit", "victim": 0, "size": 8},  # the root itself
-        {"op": "scan", "how": "exit", "victim": 2, "size": 8},
+        {"op": "reduce", "how": "exit", "victim": 2, "size": 8},
+        {"op": "scan", "how": "exit", "victim": 1, "size": 8},
     ], tmp_path)
 
 

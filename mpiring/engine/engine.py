@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from threading import get_ident
 from typing import Any, NamedTuple
@@ -46,10 +47,13 @@ from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
 from mpiring.errors import (
     ArgumentError,
+    CommunicationError,
     CommunicatorBrokenError,
     CommunicatorFreedError,
+    CommunicatorRevokedError,
     ConcurrentUseError,
     MpiringError,
+    RankLostError,
 )
 from mpiring.ops import SUM
 from mpiring.ring import Ring
@@ -75,6 +79,10 @@ class Built(NamedTuple):
 Builder = Callable[..., Built]
 
 _NDARRAY = numpy.ndarray
+
+# Survival: how long a call that failed on an MPI error waits for the watcher to say whether a
+# peer died (a peer that dies mid-message makes MPI fail the receive; the watcher sees it at once).
+LOSS_CONFIRMATION_SECONDS = 0.5
 
 # Calls refused before they began (a freed or broken communicator, a second thread): no notice.
 _REFUSALS = (CommunicatorFreedError, CommunicatorBrokenError, ConcurrentUseError)
@@ -411,9 +419,25 @@ class Engine:
             raise
 
     def _blocking_failed(self, error: BaseException) -> None:
+        """A blocking call raised `error`: its peers hear of it, the ring takes new tags. Under
+        survival, an MPI error or a wrong size from a peer that died mid-message is the loss: it is
+        raised as RankLostError once the watcher confirms it (it has, or will within a moment)."""
+        lost = self._loss_behind(error)
         if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
-            leave_notice(self.ring, error)
+            leave_notice(self.ring, lost or error)
         self._failed()
+        if lost is not None:
+            raise lost from error
+
+    def _loss_behind(self, error: BaseException) -> BaseException | None:
+        liveness = self.ring.liveness
+        if liveness is None or not isinstance(error, CommunicationError) or isinstance(error, (
+                RankLostError, CommunicatorRevokedError)):
+            return None
+        deadline = time.monotonic() + LOSS_CONFIRMATION_SECONDS
+        while not liveness.failed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return liveness.error(getattr(error, "collective", "collective")) if liveness.failed else None
 
     def _failed(self) -> None:
         """A call raised here: later blocking calls take new tags (Ring.blocking_tag), so
