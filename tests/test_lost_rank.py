@@ -104,13 +104,6 @@ def test_lost_inside_blocking_collectives_8_ranks(tmp_path) -> None:
     ], tmp_path)
 
 
-def test_lost_inside_small_collectives_4_ranks(tmp_path) -> None:
-    run(4, [
-        {"op": "reduce", "how": "exit", "victim": 2, "size": 8},
-        {"op": "scan", "how": "exit", "victim": 1, "size": 8},
-    ], tmp_path)
-
-
 def test_lost_inside_gather_and_barrier_4_ranks(tmp_path) -> None:
     run(4, [
         {"op": "gather", "how": "exit", "victim": 3, "size": 64},
