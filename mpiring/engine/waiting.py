@@ -26,7 +26,13 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.engine.transport import Call, Step, check_sizes, mpi_error
-from mpiring.errors import CollectiveTimeout, CommunicatorRevokedError, MessageMismatchError, RankLostError
+from mpiring.errors import (
+    CollectiveTimeout,
+    CommunicationError,
+    CommunicatorRevokedError,
+    MessageMismatchError,
+    RankLostError,
+)
 from mpiring.ring import InFlight, Ring
 
 # A timed wait offers the core between tests this long, then pauses between them (poll).
@@ -60,7 +66,7 @@ def complete(ring: Ring, step: Step, call: Call) -> None:
         else:
             poll(ring, step, statuses, call)
     except MPI.Exception as error:
-        raise mpi_error(ring.rank, call, error, step, statuses) from error
+        raise as_loss(ring, call, mpi_error(ring.rank, call, error, step, statuses)) from error
     _finish(ring, step, statuses, call)
 
 
@@ -73,7 +79,7 @@ def is_complete(ring: Ring, step: Step, call: Call) -> bool:
     try:
         done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
     except MPI.Exception as error:
-        raise mpi_error(ring.rank, call, error, step, statuses) from error
+        raise as_loss(ring, call, mpi_error(ring.rank, call, error, step, statuses)) from error
     if done:
         _put_back(step, statuses)
         _finish(ring, step, statuses, call)
@@ -224,6 +230,31 @@ def cancel_receives(step: Step) -> None:
             request.Wait(status)
 
 
+# Survival: how long a step that failed on an MPI error or a wrong size waits for the watcher to
+# say whether a peer died (one that dies mid-message makes MPI fail the receive; it is seen at once).
+LOSS_CONFIRMATION_SECONDS = 0.5
+
+
+def as_loss(ring: Ring, call: Call, error: BaseException) -> BaseException:
+    """`error` (a step's MPI error or wrong size), or under survival RankLostError where the watcher
+    confirms that a peer is gone: what a peer that died mid-message leaves is its loss."""
+    liveness = getattr(ring, "liveness", None)
+    if liveness is None:
+        return error
+    deadline = time.monotonic() + LOSS_CONFIRMATION_SECONDS
+    while not liveness.failed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return liveness.error(call.collective) if liveness.failed else error
+
+
+def checked_sizes(ring: Ring, step: Step, statuses: list[MPI.Status], call: Call) -> None:
+    """check_sizes, its error taken for a loss where it is one (as_loss)."""
+    try:
+        check_sizes(ring.rank, step, statuses, call.collective)
+    except CommunicationError as error:
+        raise as_loss(ring, call, error) from error
+
+
 def lost(ring: Ring, step: Step, call: Call) -> None:
     """Survival: a rank is lost, or the communicator revoked. The step is given up as at a
     timeout (its receives cancelled: nothing lands in the call's arrays later): raise."""
@@ -251,7 +282,7 @@ def _drive(step: Step, call: Call, liveness: Any = None) -> None:
 
 def _finish(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
     if statuses is not None:
-        check_sizes(ring.rank, step, statuses, call.collective)
+        checked_sizes(ring, step, statuses, call)
     for work in step.after:
         work()
     call.step += 1
