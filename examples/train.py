@@ -3,6 +3,7 @@
 
     mpirun -n 8 python examples/train.py                      # ZeRO-3 on 8 ranks
     mpirun -n 4 python examples/train.py --strategy ddp --report ddp.json --plot ddp.png
+    mpiexec -disable-auto-cleanup -n 4 python examples/train.py --elastic --checkpoint-dir ckpt --checkpoint-every 50
 
 The same as the installed `mpiring-train` command: mpiring/train.py has the flags, docs/training.md the rest.
 """

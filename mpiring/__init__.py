@@ -23,9 +23,11 @@ from mpiring.errors import (  # noqa: E402
     CommunicationError,
     CommunicatorBrokenError,
     CommunicatorFreedError,
+    CommunicatorRevokedError,
     ConcurrentUseError,
     MessageMismatchError,
     MpiringError,
+    RankLostError,
 )
 from mpiring.gpu.binding import bind_device  # noqa: E402
 from mpiring.host_memory import empty  # noqa: E402
@@ -41,6 +43,6 @@ __all__ = [
     "AVG", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR", "MAX", "MIN", "OPS", "PROD", "SUM",
     "ArgumentError", "ArgumentTypeError", "CollectiveMismatchError", "CollectiveTimeout", "CommunicationError",
     "Communicator", "CommunicatorBrokenError", "CommunicatorFreedError", "ConcurrentUseError",
-    "MessageMismatchError", "MpiringError",
+    "CommunicatorRevokedError", "MessageMismatchError", "MpiringError", "RankLostError",
     "Traffic", "__version__", "bind_device", "cuda_aware", "cuda_awareness", "empty",
 ]

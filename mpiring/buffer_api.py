@@ -711,13 +711,45 @@ class BufferAPI:
         return self.size
 
     def Dup(self, info: Any = None) -> Any:
-        """A new communicator over the same ranks, with this one's timeout and check (collective)."""
+        """A new communicator over the same ranks, with this one's timeout, check and survival (collective)."""
         timeout = math.inf if self.timeout is None else self.timeout
-        return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None)
+        return type(self)(self.mpi, timeout=timeout, check=self._engine.check is not None, survive=self.survives)
 
     def Free(self) -> None:
         """Release the communicator (mpiring's `free()`; collective)."""
         self.free()
+
+    # ---- ULFM's names (mpi4py 4), on any MPI: a lost rank (docs/lost-rank.md) ----
+
+    def Revoke(self) -> None:
+        """Revoke the communicator on every rank (`revoke()`; MPI_Comm_revoke)."""
+        self.revoke()
+
+    def Is_revoked(self) -> bool:
+        """Whether the communicator was revoked (`is_revoked()`; MPI_Comm_is_revoked)."""
+        return self.is_revoked()
+
+    def Agree(self, flag: int) -> int:
+        """The bitwise AND of `flag` over the live ranks (`agree()`; MPI_Comm_agree)."""
+        return self.agree(flag)
+
+    def Shrink(self) -> Any:
+        """A new communicator of the live ranks, in order (`shrink()`; MPI_Comm_shrink)."""
+        return self.shrink()
+
+    def Get_failed(self) -> MPI.Group:
+        """The group of the ranks known lost here (`lost()`; MPI_Comm_get_failed)."""
+        group = self.mpi.Get_group()
+        try:
+            return group.Incl(self.lost())
+        finally:
+            group.Free()
+
+    def Ack_failed(self, num_to_ack: int | None = None) -> int:
+        """Acknowledge the ranks lost so far; returns how many are acknowledged (MPI_Comm_ack_failed).
+        `num_to_ack`: at most this many, the first lost (None: all)."""
+        acknowledged = self.acknowledge_lost()
+        return acknowledged if num_to_ack is None else min(acknowledged, num_to_ack)
 
     # ---- the calls: each parses its specs, then runs as blocking, I-form or persistent ----
 

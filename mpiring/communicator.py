@@ -10,13 +10,14 @@ by step from the returned request's test()/wait(). Names follow mpi4py's lowerca
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 from mpi4py import MPI
 
-from mpiring import collectives, consistency, entry_points, environment, identity, topology
+from mpiring import collectives, consistency, entry_points, environment, identity, survival, topology
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE
@@ -60,10 +61,16 @@ class Communicator(BufferAPI):
     `check` (default from the MPIRING_CHECK environment variable, else off) makes every
     collective first compare a fingerprint of its call across the ranks and raise
     `CollectiveMismatchError` on every rank where they differ (see mpiring.consistency).
+
+    `survive` (default from the MPIRING_SURVIVE environment variable, else off) makes the
+    communicator survive a lost rank (docs/lost-rank.md): it watches its peers, every survivor's
+    wait ends with `RankLostError` within a fraction of a second of a loss, and `revoke()`,
+    `agree()` and `shrink()` let the survivors go on. The job must be launched so that a lost
+    rank does not end it (MPICH: ``mpiexec -disable-auto-cleanup``).
     """
 
     def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None,
-                 check: bool | None = None) -> None:
+                 check: bool | None = None, survive: bool | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise ArgumentError("Communicator", "comm", f"must be an mpi4py intracommunicator, got {base!r}")
@@ -74,6 +81,9 @@ class Communicator(BufferAPI):
             from_environment = environment.seconds("MPIRING_TIMEOUT", "Communicator")
             timeout = DEFAULT_TIMEOUT if from_environment is None else from_environment
         timeout = check_timeout("Communicator", timeout)  # None: no limit
+        surviving = survival.requested(survive)
+        if surviving and timeout is None:
+            timeout = math.inf  # every wait polls, so that a loss can end it (Engine.limit)
         self._mpi = base
         let_go()  # communicators freed earlier whose peers' farewells have come since
         with _communicator_made():
@@ -93,6 +103,8 @@ class Communicator(BufferAPI):
         self._ring.busy_poll = cores_for_all if busy_poll is None else busy_poll
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
         self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
+        if surviving:
+            self._start_watching()
         builders = {name: getattr(self, "_" + name) for name in CATALOGUE}  # _allreduce and the like, below
         self._engine = Engine(self._ring, consistency.make_checker(self._ring, check, timeout), timeout, builders)
         # what the methods call: the engine's `run`, held here too so that a call finds it in one look-up
@@ -105,7 +117,77 @@ class Communicator(BufferAPI):
 
     @timeout.setter
     def timeout(self, seconds: float | None) -> None:
-        self._engine.timeout = seconds
+        self._engine.timeout = math.inf if seconds is None and self._ring.liveness is not None else seconds
+
+    # ---- surviving a lost rank (docs/lost-rank.md) ----
+
+    def _start_watching(self) -> None:
+        """Connect to every peer (collective) and watch them: a loss takes every later call off the
+        fast paths, so that each one raises RankLostError."""
+        ring = self._ring
+        ring.liveness = survival.Liveness(ring.comm)
+        ring.liveness.on_failure.append(lambda: setattr(ring, "served", None))
+
+    @property
+    def survives(self) -> bool:
+        """Whether this communicator survives a lost rank (`survive=True` or MPIRING_SURVIVE=1)."""
+        return self._ring.liveness is not None
+
+    def lost(self) -> list[int]:
+        """The ranks this rank knows to be lost, in this communicator's numbers (ULFM's
+        MPI_Comm_get_failed); always empty without survival."""
+        liveness = self._ring.liveness
+        return [] if liveness is None else sorted(liveness.lost)
+
+    def is_revoked(self) -> bool:
+        """Whether this communicator was revoked, here or by a peer (ULFM's MPI_Comm_is_revoked)."""
+        liveness = self._ring.liveness
+        return liveness is not None and liveness.revoked
+
+    def revoke(self) -> None:
+        """Revoke the communicator (ULFM's MPI_Comm_revoke; not collective): every rank's call waiting
+        on it ends with CommunicatorRevokedError (or RankLostError where a rank is lost), and it takes
+        only agree(), shrink() and free() from then on. Needs survival (it travels on its connections)."""
+        self._surviving("revoke")
+        self._ring.liveness.revoke()
+
+    def agree(self, flag: int = 1) -> int:
+        """The bitwise AND of `flag` over the live ranks, the same on every one of them, even when ranks
+        are lost before or during it (ULFM's MPI_Comm_agree; collective over the survivors). Works
+        on a failed or revoked communicator. Without survival it is an allreduce with BAND."""
+        value = _flag("agree", flag)
+        liveness = self._ring.liveness
+        if liveness is None:
+            return int(self._mpi.allreduce(value, op=MPI.BAND))
+        self._ring.claim("agree")
+        return int(liveness.agree(value)[0])
+
+    def shrink(self) -> Communicator:
+        """A new Communicator of the live ranks, in the same order, every survivor agreeing on who
+        they are (ULFM's MPI_Comm_shrink; collective over the survivors). A rank lost while it
+        runs is left out too. The new communicator has this one's timeout, check and survival.
+        Without survival, no rank can be known lost: a new communicator of the same ranks."""
+        check = self._engine.check is not None
+        timeout = math.inf if self.timeout is None else self.timeout
+        liveness = self._ring.liveness
+        if liveness is None:
+            return type(self)(self._mpi, timeout=timeout, check=check)
+        self._ring.claim("shrink")
+        return survival.shrink(liveness, self._ring.comm,
+                               lambda comm: type(self)(comm, timeout=timeout, check=check, survive=True))
+
+    def acknowledge_lost(self) -> int:
+        """Acknowledge the ranks lost so far (ULFM's MPI_Comm_ack_failed); returns how many."""
+        liveness = self._ring.liveness
+        if liveness is None:
+            return 0
+        liveness.acknowledged = set(liveness.lost)
+        return len(liveness.acknowledged)
+
+    def _surviving(self, what: str) -> None:
+        if self._ring.liveness is None:
+            raise ArgumentError(what, "survive", "this communicator was made without survival (make it with "
+                                "survive=True, or set MPIRING_SURVIVE=1; docs/lost-rank.md)")
 
     @property
     def rank(self) -> int:
@@ -456,3 +538,14 @@ def _last_line(text: str) -> str:
     """The most specific part of an MPI error stack (MPICH puts it last, after the call chain)."""
     line = text.strip().splitlines()[-1]
     return line.split(": ", 1)[-1].strip() if ": " in line else line
+
+
+def _flag(what: str, flag: Any) -> int:
+    """agree's flag as an int (a bool or an integer; ULFM's is an int)."""
+    if isinstance(flag, bool):
+        return int(flag)
+    if not isinstance(flag, int):
+        raise ArgumentError(what, "flag", f"must be an int or a bool, got {flag!r}")
+    if not -2**63 <= flag < 2**63:
+        raise ArgumentError(what, "flag", f"must fit in 64 bits, got {flag!r}")
+    return flag

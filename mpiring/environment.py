@@ -22,6 +22,9 @@
     MPIRING_VIRTUAL_NODES      N[:round-robin]   a Communicator is made       split each node into virtual nodes
                                or sizes 3,1                                   (mpiring.topology)
     MPIRING_NODE_AWARE         yes/no            a Communicator is made       0: auto ignores the nodes
+    MPIRING_SURVIVE            yes/no            a Communicator is made       survive a lost rank (mpiring.survival)
+    MPIRING_HEARTBEAT_TIMEOUT  seconds           a surviving one is made      a peer silent this long is lost
+    MPIRING_SURVIVAL_ADDRESS   an address        a surviving one is made      where other machines reach this rank
     MPIRING_HUGE_PAGES         yes/no            a large host array is made   0: no 2 MiB pages (mpiring.host_memory)
     MPIRING_FABRIC             a file            the cost model loads one     the calibrated fabric (mpiring.cost_model)
 

@@ -129,3 +129,30 @@ class Unconverted:
 
     def __init__(self, error: ArgumentError) -> None:
         self.error = error
+
+
+class RankLostError(CommunicationError):
+    """A rank of the communicator is gone (its process died, or its machine went silent), seen by
+    a communicator made with survival on (``survive=True`` or MPIRING_SURVIVE=1; docs/lost-rank.md).
+
+    Raised on every survivor: by the call that was waiting when the loss was seen (its receives
+    cancelled, so nothing lands in its arrays later) and by every later call. `lost` names the
+    lost ranks (this communicator's numbers). The communicator then takes only `revoke()`,
+    `agree()`, `shrink()` and `free()`: shrink to the survivors and go on there."""
+
+    def __init__(self, collective: str, lost: list[int], revoked: bool = False) -> None:
+        self.lost = list(lost)
+        self.revoked = revoked
+        names = ", ".join(map(str, self.lost))
+        super().__init__(collective, f"rank{'s' if len(self.lost) > 1 else ''} {names} of this communicator "
+                                     "is lost (its process is gone); the call did not complete here, and the "
+                                     "communicator takes no more collectives: shrink() it to the survivors")
+
+
+class CommunicatorRevokedError(CommunicationError):
+    """A rank revoked the communicator (`revoke()`, ULFM's MPI_Comm_revoke): every rank's waits
+    end with this error, and it takes only `agree()`, `shrink()` and `free()` from then on."""
+
+    def __init__(self, collective: str) -> None:
+        super().__init__(collective, "this communicator was revoked (revoke() on some rank); it takes no more "
+                                     "collectives: shrink() it, or free() it")

@@ -111,6 +111,8 @@ class Ring:
         # persistent request's C start and wait): the owner while the ring is usable, None before
         # its first call and once it broke or was freed; each fast path compares only this
         self.served: int | None = None
+        # survival on (mpiring.survival.Liveness): every wait polls and ends when its `failed` is set
+        self.liveness: Any = None
         self._owner_thread: threading.Thread | None = None
 
     # ---- topology ----

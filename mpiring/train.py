@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 
 import mpiring
+from mpiring import survival
 from mpiring.launch import RankZeroArgumentParser, launcher_rank
 
 
@@ -90,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: $MPIRING_TIMEOUT, else 600; inf: no limit)")
     p.add_argument("--report", metavar="FILE.json", help="write the run's measurements as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the loss curve (needs matplotlib)")
+    p.add_argument("--elastic", action="store_true",
+                   help="survive lost ranks: the survivors shrink to N-1 ranks, reload the newest checkpoint and "
+                        "go on (needs --checkpoint-dir, and a launch that keeps survivors running, e.g. MPICH's "
+                        "mpiexec -disable-auto-cleanup; docs/lost-rank.md)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go (one directory each)")
     p.add_argument("--checkpoint-every", type=_count(0), default=0, metavar="N",
                    help="save every N steps (and at the end); 0 = only at the end")
@@ -107,8 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-chars", type=_count(0), default=200, metavar="N",
                    help="characters of text to generate at the end (default: %(default)s)")
     args = p.parse_args(argv)
-    if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
-        p.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if (args.checkpoint_every or args.resume or args.elastic) and not args.checkpoint_dir:
+        p.error("--checkpoint-every, --resume and --elastic need --checkpoint-dir")
     if args.fresh and not args.resume:
         p.error("--fresh applies with --resume only (without --resume a run starts from step 0)")
     return args
@@ -129,8 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     from mpiring.training.errors import agree
     from mpiring.training.report import format_summary, summarize, write_json
 
-    comm = mpiring.Communicator(timeout=args.timeout) if args.timeout else mpiring.Communicator()
+    survive = True if args.elastic else None
+    comm = (mpiring.Communicator(timeout=args.timeout, survive=survive) if args.timeout
+            else mpiring.Communicator(survive=survive))
     say = print if comm.rank == 0 else None
+    if args.elastic:  # after a loss, rank 0 of the survivors speaks (it may be another process)
+        current = [comm]
+
+        def say(line: str) -> None:
+            if current[0].rank == 0:
+                print(line, flush=True)
     bar = None
     if comm.rank == 0 and sys.stdout.isatty():  # a terminal: a bar between the logged lines
         say, bar = _terminal_lines()
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         bucket_bytes=args.bucket_kb * 1024, overlap=args.overlap,
         algorithm=None if args.algorithm == "auto" else args.algorithm, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every, keep=args.keep, resume=args.resume, fresh=args.fresh,
-        log_every=args.log_every, sample_chars=args.sample_chars,
+        log_every=args.log_every, sample_chars=args.sample_chars, elastic=args.elastic,
     )
     try:
         # Every rank checks its inputs itself, then they agree: a rank that cannot read the
@@ -158,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingError as error:
             problem = error
         agree(comm, problem)
-        result = train(config, comm, text, log=say, progress=bar)
+        result = train(config, comm, text, log=say, progress=bar,
+                       shrunk=(lambda new: current.__setitem__(0, new)) if args.elastic else None)
+        comm = result.strategy.comm  # the survivors' communicator after a loss (--elastic)
         report = summarize(result, comm)
     except TrainingError as error:
         if comm.rank == 0:
@@ -182,7 +197,9 @@ def run(argv: list[str] | None = None) -> int:
     job down after printing its traceback."""
     signal.signal(signal.SIGINT, _interrupted)
     try:
-        return main(argv)
+        code = main(argv)
+        survival.exit_after_loss(code)  # (--elastic: MPI_Finalize would wait for the lost ranks)
+        return code
     except SystemExit:
         raise
     except BaseException:

@@ -53,7 +53,7 @@ REQUEST_MEMBERS = {
 EXCEPTIONS = [errors.MpiringError, errors.ArgumentError, errors.ArgumentTypeError, errors.CommunicationError,
               errors.CollectiveMismatchError, errors.MessageMismatchError, errors.CollectiveTimeout,
               errors.CommunicatorBrokenError, errors.CommunicatorFreedError, errors.ConcurrentUseError,
-              launch.LaunchError]
+              errors.RankLostError, errors.CommunicatorRevokedError, launch.LaunchError]
 FUNCTIONS = [mpiring.bind_device, mpiring.cuda_aware, mpiring.cuda_awareness, mpiring.empty]
 
 
@@ -135,6 +135,8 @@ ATTRIBUTE_MEANINGS = {
     "waiting_on": "what it still waited for, one string per peer (`receive from rank 1`, ...)",
     "seconds": "the timeout in seconds",
     "notice_from": "the rank whose timeout notice ended this wait, or None when this rank's own deadline came",
+    "lost": "the ranks lost, in the communicator's numbers",
+    "revoked": "whether the communicator was also revoked",
 }
 
 
@@ -150,7 +152,7 @@ def page(missing: list[str]) -> str:
         "",
         "- [Communicator](#communicator): [attributes](#attributes), [blocking collectives](#blocking-collectives),",
         "  [nonblocking](#nonblocking-collectives), [persistent](#persistent-collectives),",
-        "  [other methods](#other-methods), [the mpi4py drop-in](#the-mpi4py-drop-in)",
+        "  [other methods](#other-methods), [a lost rank](#a-lost-rank), [the mpi4py drop-in](#the-mpi4py-drop-in)",
         "- [Requests](#requests)",
         "- [Exceptions](#exceptions)",
         "- [Functions](#functions), [Traffic](#traffic), [Ops](#ops)",
@@ -181,6 +183,10 @@ def page(missing: list[str]) -> str:
         lines += member(C, f"{name}_init", missing)
     lines += ["### Other methods", ""]
     for name in ("plan_of", "free"):
+        lines += member(C, name, missing)
+    lines += ["### A lost rank", "",
+              "With survival on (`survive=True` or MPIRING_SURVIVE=1): [lost-rank.md](lost-rank.md).", ""]
+    for name in ("survives", "lost", "revoke", "is_revoked", "agree", "shrink", "acknowledge_lost"):
         lines += member(C, name, missing)
     lines += ["### The mpi4py drop-in", "",
               "mpi4py's uppercase buffer API on mpiring's collectives ([dropin.md](dropin.md)); the I-forms and",

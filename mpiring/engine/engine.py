@@ -26,6 +26,8 @@ arrays' identity (`_on_device_arrays`). Nonblocking calls run their generator. E
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable
 from threading import get_ident
 from typing import Any, NamedTuple
@@ -45,10 +47,13 @@ from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
 from mpiring.errors import (
     ArgumentError,
+    CommunicationError,
     CommunicatorBrokenError,
     CommunicatorFreedError,
+    CommunicatorRevokedError,
     ConcurrentUseError,
     MpiringError,
+    RankLostError,
 )
 from mpiring.ops import SUM
 from mpiring.ring import Ring
@@ -74,6 +79,10 @@ class Built(NamedTuple):
 Builder = Callable[..., Built]
 
 _NDARRAY = numpy.ndarray
+
+# Survival: how long a call that failed on an MPI error waits for the watcher to say whether a
+# peer died (a peer that dies mid-message makes MPI fail the receive; the watcher sees it at once).
+LOSS_CONFIRMATION_SECONDS = 0.5
 
 # Calls refused before they began (a freed or broken communicator, a second thread): no notice.
 _REFUSALS = (CommunicatorFreedError, CommunicatorBrokenError, ConcurrentUseError)
@@ -114,7 +123,10 @@ class Engine:
         self.run = self.run_in_python  # the shortcut's memo of its last hit goes too
         self.cache.clear(keep=ring.abandoned)
         ring.scratch_pool.clear()
-        say_farewell(ring)
+        liveness = ring.liveness
+        if liveness is not None:
+            liveness.close()
+        say_farewell(ring, () if liveness is None else liveness.lost)
 
     def plan_of(self, collective: str, x: Any = None, out: Any = None, **arguments: Any) -> Schedule | Plan | None:
         """The schedule or plan a blocking call with these arrays replays, None if none yet
@@ -141,7 +153,7 @@ class Engine:
         checked, its sequence number taken, and compared across the ranks under MPIRING_CHECK."""
         self._usable(collective)
         algorithm = check_algorithm(collective, algorithm)
-        timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+        timeout = self.timeout if timeout is None else self.limit(collective, timeout)
         call = Call(collective, algorithm, self.ring.next_tag(), timeout, checked=(x, op, root, counts))
         if self.check is not None:  # MPIRING_CHECK: the ranks compare x, op, root and counts first
             self.check.compare(call, x, op, root, counts)  # its exchange, like every call, breaks the ring on failure
@@ -155,9 +167,17 @@ class Engine:
         self.ring.claim(collective)
         self._usable(collective)
 
+    def limit(self, collective: str, timeout: Any) -> float | None:
+        """A call's own timeout, checked: None (no limit) becomes math.inf under survival, where
+        every wait polls (an MPI_Waitall could not end when a peer is lost)."""
+        seconds = check_timeout(collective, timeout)
+        return math.inf if seconds is None and self.ring.liveness is not None else seconds
+
     def _usable(self, collective: str) -> None:
         if self.freed:
             raise CommunicatorFreedError(collective)
+        if self.ring.liveness is not None and self.ring.liveness.failed:
+            raise self.ring.liveness.error(collective)
         if self.ring.broken is not None:
             raise CommunicatorBrokenError(collective, self.ring.broken)
 
@@ -259,7 +279,7 @@ class Engine:
             if self.check is not None:
                 self.check.compare(known.call, *self.checked(collective, x, out, op, root, counts))
             result = self._run_schedule(known, x, out, self.timeout if timeout is None else
-                                        check_timeout(collective, timeout))
+                                        self.limit(collective, timeout))
             if known.stale:
                 self._forget(known)
             return result
@@ -355,7 +375,7 @@ class Engine:
                     self._check_aliasing(collective, x, out)
                 if self.check is not None:
                     self.check.compare(known.call, *known.call.checked)
-                timeout = self.timeout if timeout is None else check_timeout(collective, timeout)
+                timeout = self.timeout if timeout is None else self.limit(collective, timeout)
                 result = run_recorded(ring, known, timeout)
                 if known.receives:  # it took data: none may come from a call a peer left
                     no_notice(ring, collective, algorithm)
@@ -399,9 +419,25 @@ class Engine:
             raise
 
     def _blocking_failed(self, error: BaseException) -> None:
+        """A blocking call raised `error`: its peers hear of it, the ring takes new tags. Under
+        survival, an MPI error or a wrong size from a peer that died mid-message is the loss: it is
+        raised as RankLostError once the watcher confirms it (it has, or will within a moment)."""
+        lost = self._loss_behind(error)
         if not isinstance(error, _REFUSALS):  # peers waiting for this rank in this call raise now
-            leave_notice(self.ring, error)
+            leave_notice(self.ring, lost or error)
         self._failed()
+        if lost is not None:
+            raise lost from error
+
+    def _loss_behind(self, error: BaseException) -> BaseException | None:
+        liveness = self.ring.liveness
+        if liveness is None or not isinstance(error, CommunicationError) or isinstance(error, (
+                RankLostError, CommunicatorRevokedError)):
+            return None
+        deadline = time.monotonic() + LOSS_CONFIRMATION_SECONDS
+        while not liveness.failed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return liveness.error(getattr(error, "collective", "collective")) if liveness.failed else None
 
     def _failed(self) -> None:
         """A call raised here: later blocking calls take new tags (Ring.blocking_tag), so

@@ -26,9 +26,11 @@ from mpi4py import MPI
 from mpiring.backend import binding
 from mpiring.engine import compiled
 from mpiring.engine.plan import START, WAIT, plan_steps
-from mpiring.engine.transport import Call, Step, Steps, check_sizes, mpi_error
+from mpiring.engine.transport import Call, Step, Steps, mpi_error
 from mpiring.engine.waiting import (
     YIELD_SECONDS,
+    as_loss,
+    checked_sizes,
     is_complete,
     leave_notice,
     make_room,
@@ -300,10 +302,10 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
                 poll(ring, step, statuses, call, waited if index == first else 0.0)
         except MPI.Exception as error:  # a message larger than its receive
-            raise mpi_error(ring.rank, call, error, step, statuses) from error
+            raise as_loss(ring, call, mpi_error(ring.rank, call, error, step, statuses)) from error
         for position, expected, _ in step.receives:
             if statuses[position].Get_count(_BYTE) != expected:
-                check_sizes(ring.rank, step, statuses, call.collective)  # raises, naming the sender
+                checked_sizes(ring, step, statuses, call)  # raises, naming the sender
         recorded.finish(index)
 
 
@@ -325,8 +327,8 @@ def _raise_stopped(ring: Ring, recorded: Any, index: int, code: int) -> None:
     step = recorded.step(index)
     call.step = index
     if code:
-        raise mpi_error(ring.rank, call, MPI.Exception(code), step, step.statuses)
-    check_sizes(ring.rank, step, step.statuses, call.collective)
+        raise as_loss(ring, call, mpi_error(ring.rank, call, MPI.Exception(code), step, step.statuses))
+    checked_sizes(ring, step, step.statuses, call)
     raise RuntimeError(f"{call.collective}: the compiled replay saw a wrong byte count in step {index} that "
                        "Python does not see (a bug in mpiring.engine.compiled)")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from mpi4py import MPI
@@ -47,10 +48,10 @@ class _Farewell:
 
     __slots__ = ("comm", "tag", "peers", "sends", "keep", "held", "status")
 
-    def __init__(self, ring: Ring, keep: bool) -> None:
+    def __init__(self, ring: Ring, keep: bool, lost: Collection[int] = ()) -> None:
         comm = self.comm = ring.comm
         self.tag = ring.tags.farewell
-        self.peers = [peer for peer in range(ring.size) if peer != ring.rank]
+        self.peers = [peer for peer in range(ring.size) if peer != ring.rank and peer not in lost]
         self.sends = [comm.Isend([_NOTHING, 0, MPI.BYTE], peer, self.tag) for peer in self.peers]
         self.keep = keep
         # what MPI may still read or write: the notices' requests, an abandoned call's buffers
@@ -77,9 +78,11 @@ class _Farewell:
         return True
 
 
-def say_farewell(ring: Ring) -> None:
-    """Start letting go of `ring`'s MPI communicator (see the module's docstring)."""
-    farewell = _Farewell(ring, keep=ring.broken is not None)
+def say_farewell(ring: Ring, lost: Collection[int] = ()) -> None:
+    """Start letting go of `ring`'s MPI communicator (see the module's docstring); `lost`: ranks
+    known to be gone (survival), which send no farewell and get none. A communicator that lost a
+    rank is kept, not freed: MPI_Comm_free would wait for the lost rank."""
+    farewell = _Farewell(ring, keep=ring.broken is not None or bool(lost), lost=lost)
     with _lock:
         if not farewell.advance():
             _leaving.append(farewell)

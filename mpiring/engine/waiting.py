@@ -21,11 +21,18 @@ import math
 import os
 import struct
 import time
+from typing import Any
 
 from mpi4py import MPI
 
 from mpiring.engine.transport import Call, Step, check_sizes, mpi_error
-from mpiring.errors import CollectiveTimeout, MessageMismatchError
+from mpiring.errors import (
+    CollectiveTimeout,
+    CommunicationError,
+    CommunicatorRevokedError,
+    MessageMismatchError,
+    RankLostError,
+)
 from mpiring.ring import InFlight, Ring
 
 # A timed wait offers the core between tests this long, then pauses between them (poll).
@@ -53,23 +60,26 @@ def complete(ring: Ring, step: Step, call: Call) -> None:
     statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
     try:
         if step.progress is not None:
-            _drive(step, call)
+            _drive(step, call, getattr(ring, "liveness", None))
         elif call.timeout is None:
             MPI.Request.Waitall(step.requests, statuses)
         else:
             poll(ring, step, statuses, call)
     except MPI.Exception as error:
-        raise mpi_error(ring.rank, call, error, step, statuses) from error
+        raise as_loss(ring, call, mpi_error(ring.rank, call, error, step, statuses)) from error
     _finish(ring, step, statuses, call)
 
 
 def is_complete(ring: Ring, step: Step, call: Call) -> bool:
     """Whether every message of a step has finished (then checked and finished), without waiting."""
     statuses = step.statuses or ([MPI.Status() for _ in step.requests] if step.receives else None)
+    liveness = getattr(ring, "liveness", None)
+    if liveness is not None and liveness.failed:
+        lost(ring, step, call)
     try:
         done = step.progress(call) if step.progress is not None else MPI.Request.Testall(step.requests, statuses)
     except MPI.Exception as error:
-        raise mpi_error(ring.rank, call, error, step, statuses) from error
+        raise as_loss(ring, call, mpi_error(ring.rank, call, error, step, statuses)) from error
     if done:
         _put_back(step, statuses)
         _finish(ring, step, statuses, call)
@@ -94,7 +104,7 @@ def wait_step(ring: Ring, step: Step, call: Call, waiting: InFlight | None = Non
     pause = 0.0
     while True:
         progress_others(ring, waiting)
-        if is_complete(ring, step, call):
+        if is_complete(ring, step, call):  # (it raises once a rank is lost: survival)
             return
         now = time.monotonic()
         if deadline is not None and now >= deadline:
@@ -141,7 +151,10 @@ def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call, 
     deadline, yield_until = now + call.timeout, now + YIELD_SECONDS
     watch = None  # made once the wait is long (small calls pay nothing for it)
     pause = 0.0
+    liveness = getattr(ring, "liveness", None)  # (stand-in rings of the unit tests have none)
     while not MPI.Request.Testall(step.requests, statuses):
+        if liveness is not None and liveness.failed:
+            lost(ring, step, call)
         now = time.monotonic()
         if now >= deadline:
             _raise_timeout(step, call)
@@ -217,12 +230,46 @@ def cancel_receives(step: Step) -> None:
             request.Wait(status)
 
 
-def _drive(step: Step, call: Call) -> None:
+# Survival: how long a step that failed on an MPI error or a wrong size waits for the watcher to
+# say whether a peer died (one that dies mid-message makes MPI fail the receive; it is seen at once).
+LOSS_CONFIRMATION_SECONDS = 0.5
+
+
+def as_loss(ring: Ring, call: Call, error: BaseException) -> BaseException:
+    """`error` (a step's MPI error or wrong size), or under survival RankLostError where the watcher
+    confirms that a peer is gone: what a peer that died mid-message leaves is its loss."""
+    liveness = getattr(ring, "liveness", None)
+    if liveness is None:
+        return error
+    deadline = time.monotonic() + LOSS_CONFIRMATION_SECONDS
+    while not liveness.failed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return liveness.error(call.collective) if liveness.failed else error
+
+
+def checked_sizes(ring: Ring, step: Step, statuses: list[MPI.Status], call: Call) -> None:
+    """check_sizes, its error taken for a loss where it is one (as_loss)."""
+    try:
+        check_sizes(ring.rank, step, statuses, call.collective)
+    except CommunicationError as error:
+        raise as_loss(ring, call, error) from error
+
+
+def lost(ring: Ring, step: Step, call: Call) -> None:
+    """Survival: a rank is lost, or the communicator revoked. The step is given up as at a
+    timeout (its receives cancelled: nothing lands in the call's arrays later): raise."""
+    cancel_receives(step)
+    raise ring.liveness.error(call.collective)
+
+
+def _drive(step: Step, call: Call, liveness: Any = None) -> None:
     """Push a staged step along until it is done. It spins, since the device copies it waits
     for take microseconds; after a while it yields the core to oversubscribed ranks."""
     deadline = None if call.timeout is None else time.monotonic() + call.timeout
     spins = 0
     while not step.progress(call):
+        if liveness is not None and liveness.failed:
+            raise liveness.error(call.collective)
         spins += 1
         if spins > 64:
             _yield_core()
@@ -235,7 +282,7 @@ def _drive(step: Step, call: Call) -> None:
 
 def _finish(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call) -> None:
     if statuses is not None:
-        check_sizes(ring.rank, step, statuses, call.collective)
+        checked_sizes(ring, step, statuses, call)
     for work in step.after:
         work()
     call.step += 1
@@ -343,8 +390,8 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
     that call raises CollectiveTimeout too (_Watch). The notices of that call the peers sent this
     rank (they raised too) are taken out of the way now, the others of that generation by a later look."""
     tag = ring.tags.notice(ring.failures, ring.calls if calls is None else calls)
-    if tag is None:
-        return
+    if tag is None or isinstance(error, (RankLostError, CommunicatorRevokedError)):
+        return  # (survival: every live peer learns of a loss or a revoke by itself, at once)
     ring.notices = [request for request in ring.notices if not request.Test()]
     notice = struct.pack("d", error.seconds) if isinstance(error, CollectiveTimeout) else b""  # kept by its requests
     ring.notices += [ring.comm.Isend([notice, len(notice), MPI.BYTE], peer, tag)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy
 
+from mpiring.errors import CommunicatorRevokedError, RankLostError
 from mpiring.training import checkpoint
 from mpiring.training.arrays import array_module
 from mpiring.training.data import CharData
@@ -72,6 +73,9 @@ class TrainConfig:
     sample_chars: int = 200
     warmup: int | None = None  # learning-rate schedule (see schedule); None: the model's
     decay_steps: int | None = None
+    # a lost rank: the survivors shrink, reload the newest checkpoint (step 0 without one) and go
+    # on (the communicator must survive lost ranks: Communicator(survive=True); docs/lost-rank.md)
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         if self.steps is None:
@@ -138,6 +142,8 @@ class TrainConfig:
             raise TrainingError("checkpoint_every and resume need a checkpoint directory")
         if self.fresh and not self.resume:
             raise TrainingError("fresh applies with resume only (a run without resume starts from step 0)")
+        if self.elastic and not self.checkpoint_dir:
+            raise TrainingError("elastic needs a checkpoint directory (the survivors go on from its newest checkpoint)")
 
 
 @dataclass
@@ -156,6 +162,7 @@ class TrainResult:
     bytes_sent: int = 0  # by this rank, in steps run by this call
     memory: dict[str, int] = field(default_factory=dict)
     sample: str | None = None  # generated text, on rank 0
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # elastic: each loss and where it went on
 
     @property
     def steps_run(self) -> int:
@@ -247,12 +254,18 @@ def _resume(config: TrainConfig, strategy: Strategy, meta: dict[str, Any], log: 
 
 
 def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] | None = None,
-          progress: Callable[[int, int, float], None] | None = None) -> TrainResult:
+          progress: Callable[[int, int, float], None] | None = None,
+          shrunk: Callable[[Any], None] | None = None) -> TrainResult:
     """Collective: run `config` on the ranks of `comm` (an mpiring.Communicator) over `text`.
 
     `log` receives progress lines (pass print on rank 0 only); `progress(step, steps, loss)`, if
     given, is called after every step that logs no line (a terminal's progress bar). Settings or
     data that cannot be used raise TrainingError on every rank, before any step.
+
+    With `config.elastic` (and a communicator that survives lost ranks), a rank lost during the
+    run does not end it: the survivors shrink `comm`, call `shrunk(new communicator)`, reload the
+    newest checkpoint on the fewer ranks (resharding its state as a resume does) and go on; a
+    second loss the same way. The result's `strategy.comm` is the communicator the run ended on.
     """
     log = log or (lambda line: None)
     problem: Exception | None = None
@@ -283,9 +296,63 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
                                 f"(ask for more than {start} steps to continue training)")
     predictions = examples * per_example
     result = TrainResult(config, strategy, data, losses, start, predictions=predictions)
-    xp = strategy.xp
+    while True:
+        try:
+            _steps(config, result, log, progress, meta)
+            break
+        except (RankLostError, CommunicatorRevokedError) as error:
+            if not config.elastic:
+                raise
+            current = [result.strategy.comm]  # a loss during the recovery itself starts it over, shrinking again
+            while True:
+                try:
+                    _recover(config, result, current, error, meta, log)
+                    break
+                except (RankLostError, CommunicatorRevokedError) as again:
+                    error = again
+            if shrunk is not None:
+                shrunk(current[0])
+    strategy, comm, losses, start = result.strategy, result.strategy.comm, result.losses, result.start_step
+    result.memory = strategy.memory.snapshot()
+    saved_last = config.checkpoint_every and len(losses) % config.checkpoint_every == 0
+    if config.checkpoint_dir and len(losses) > start and not saved_last:
+        log(f"checkpoint {checkpoint.save(config.checkpoint_dir, len(losses), strategy, meta, losses, config.keep)}")
+    if config.sample_chars:
+        params = strategy.full_parameters(root=0)
+        if comm.rank == 0:
+            host = Model(strategy.model.config, numpy, strategy.dtype)
+            prompt = data.tokens[: host.config.context].tolist()
+            result.sample = data.decode(prompt + generate(host, params, prompt, config.sample_chars, config.seed))
+    return result
+
+
+def _recover(config: TrainConfig, result: TrainResult, current: list[Any], error: Exception, meta: dict[str, Any],
+             log: Callable[[str], None]) -> None:
+    """Elastic: the survivors of a lost rank shrink the communicator (`current[0]`, replaced by
+    the new one), build the strategy again on the fewer ranks and reload the newest checkpoint
+    that loads (step 0 if none): the run goes on as a run resumed from it on N-1 ranks would."""
+    old = current[0]
+    comm = current[0] = old.shrink()
+    lost = getattr(error, "lost", [])
+    old.free()
+    strategy = build(config, comm, result.data)
+    resumed = TrainConfig(**{**config.__dict__, "resume": True, "fresh": True})
+    start, losses = _resume(resumed, strategy, meta, log)
+    log(f"rank{'s' * (len(lost) > 1)} {', '.join(map(str, lost)) or '(revoked)'} lost: went on with "
+        f"{comm.size} ranks from step {start}")
+    result.recoveries.append({"lost": lost, "ranks": comm.size, "step": start})
+    result.strategy, result.losses, result.start_step = strategy, losses, start
+
+
+def _steps(config: TrainConfig, result: TrainResult, log: Callable[[str], None],
+           progress: Callable[[int, int, float], None] | None, meta: dict[str, Any]) -> None:
+    """The step loop, from where the losses end to config.steps."""
+    strategy, data, losses = result.strategy, result.data, result.losses
+    comm, xp = strategy.comm, strategy.xp
+    examples, predictions = config.examples, result.predictions
+    per_example = strategy.model.config.predictions_per_example
     strategy.memory.reset_peak()
-    for step in range(start, config.steps):
+    for step in range(len(losses), config.steps):
         inputs, targets = data.batch(step, examples, config.seed, comm.rank, comm.size, xp,
                                      every_position=per_example > 1)
         sent, began = comm.traffic.bytes_sent, time.perf_counter()
@@ -309,14 +376,3 @@ def train(config: TrainConfig, comm: Any, text: str, log: Callable[[str], None] 
             progress(step + 1, config.steps, loss)
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
             log(f"checkpoint {checkpoint.save(config.checkpoint_dir, step + 1, strategy, meta, losses, config.keep)}")
-    result.memory = strategy.memory.snapshot()
-    saved_last = config.checkpoint_every and len(losses) % config.checkpoint_every == 0
-    if config.checkpoint_dir and len(losses) > start and not saved_last:
-        log(f"checkpoint {checkpoint.save(config.checkpoint_dir, len(losses), strategy, meta, losses, config.keep)}")
-    if config.sample_chars:
-        params = strategy.full_parameters(root=0)
-        if comm.rank == 0:
-            host = Model(strategy.model.config, numpy, strategy.dtype)
-            prompt = data.tokens[: host.config.context].tolist()
-            result.sample = data.decode(prompt + generate(host, params, prompt, config.sample_chars, config.seed))
-    return result
