@@ -402,6 +402,9 @@ NOT_MEASURED = {
     ("gpu.md", "44%"),
     ("gpu.md", "50%"),
     ("training.md", "1%"),           # the tolerance of a test
+    ("lost-rank.md", "0.25 s"),      # survival.HEARTBEAT_SECONDS
+    ("lost-rank.md", "0.125 s"),     # the watcher's wake-up, half of it
+    ("lost-rank.md", "10 ms"),       # waiting.YIELD_SECONDS
 }
 # Sections whose figures are the cost model's assumed fabric parameters (with their published
 # sources) and its own predictions, not measurements.
