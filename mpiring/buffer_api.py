@@ -975,10 +975,10 @@ class BufferAPI:
 
 
 # mpi4py's uppercase collectives (but the barrier): name, the BufferAPI parser of its specs
-# (its parameters are the method's, after `self`; a string after it is passed as a constant), and
-# what the blocking form does. Each gets `Name` (blocking), `Iname` (nonblocking: a Request whose
-# Wait() leaves the result in the receive buffer) and `Name_init` (persistent, MPI-4: buffers
-# bound at init, Start() and Wait() per use), as mpi4py names them.
+# (its parameters after `self` are the method's, but for scan's `collective`, which gets the
+# collective's name), and what the blocking form does. Each gets `Name` (blocking), `Iname`
+# (nonblocking: a Request whose Wait() leaves the result in the receive buffer) and `Name_init`
+# (persistent, MPI-4: buffers bound at init, Start() and Wait() per use), as mpi4py names them.
 DROPIN = (
     ("Bcast", "_parse_bcast", "Broadcast root's `buf` to every rank's `buf`."),
     ("Reduce", "_parse_reduce", "Reduce every rank's `sendbuf` into root's `recvbuf` (ignored elsewhere)."),
