@@ -150,3 +150,17 @@ def assert_barrier_waits_for_all(barrier, directory: str, rounds: int = 5) -> No
         seen = {name for name in os.listdir(directory) if name.startswith(f"{round_}-")}
         assert len(seen) == world.Get_size(), (
             f"round {round_}: rank {world.Get_rank()} left the barrier having seen {sorted(seen)}")
+
+
+def native_scan(x: np.ndarray, op: str, exclusive: bool) -> np.ndarray | None:
+    """MPI's Scan or Exscan of `x` on COMM_WORLD (collective where MPI has the dtype and op: None
+    where it has not, and on exscan's rank 0, where MPI leaves the result undefined)."""
+    if not native_supported(x.dtype, op):
+        return None
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    out = np.empty_like(x)
+    (world.Exscan if exclusive else world.Scan)(x, out, native_op(op, x.dtype))
+    if exclusive and rank == 0:
+        return None
+    return np.true_divide(out, rank if exclusive else rank + 1).astype(x.dtype) if op == "avg" else out

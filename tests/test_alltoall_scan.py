@@ -15,8 +15,7 @@ from oracles import (
     DTYPES,
     OPS,
     assert_same,
-    native_op,
-    native_supported,
+    native_scan,
     numpy_reduce,
     op_valid,
     rank_input,
@@ -117,19 +116,6 @@ def test_alltoallv_large_and_all_empty(comm):
 # ---- scan and exscan -----------------------------------------------------------------------
 
 
-def _native_scan(x: np.ndarray, op: str, exclusive: bool) -> np.ndarray | None:
-    """MPI's result (collective where MPI has the dtype and op); None on exscan's rank 0."""
-    if not native_supported(x.dtype, op):
-        return None
-    out = np.empty_like(x)
-    (WORLD.Exscan if exclusive else WORLD.Scan)(x, out, native_op(op, x.dtype))
-    if exclusive and RANK == 0:
-        return None  # undefined in MPI
-    if op == "avg":
-        out = np.true_divide(out, RANK if exclusive else RANK + 1).astype(x.dtype)
-    return out
-
-
 @pytest.mark.parametrize("case", OP_CASES, ids=_case_id)
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS["scan"]))
 def test_scan_and_exscan(comm, case, algorithm):
@@ -138,7 +124,7 @@ def test_scan_and_exscan(comm, case, algorithm):
         inputs = [rank_input(seed, k, (length, 2), dtype, op) for k in range(N)]
         got = comm.scan(inputs[RANK], op=op, algorithm=algorithm)
         assert_same(got, numpy_reduce(op, inputs[: RANK + 1]), f"scan {algorithm} {op} {dtype} len {length}")
-        native = _native_scan(inputs[RANK], op, exclusive=False)
+        native = native_scan(inputs[RANK], op, exclusive=False)
         if native is not None:
             assert_same(got, native, f"scan {op} {dtype} len {length} vs MPI")
         got = comm.exscan(inputs[RANK], op=op, algorithm=algorithm)
@@ -146,7 +132,7 @@ def test_scan_and_exscan(comm, case, algorithm):
             assert got is None
         else:
             assert_same(got, numpy_reduce(op, inputs[:RANK]), f"exscan {algorithm} {op} {dtype} len {length}")
-        native = _native_scan(inputs[RANK], op, exclusive=True)
+        native = native_scan(inputs[RANK], op, exclusive=True)
         if native is not None:
             assert_same(got, native, f"exscan {op} {dtype} len {length} vs MPI")
 

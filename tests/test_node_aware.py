@@ -16,6 +16,7 @@ from oracles import (
     assert_same,
     native_op,
     native_reduction,
+    native_scan,
     native_supported,
     numpy_reduce,
     rank_input,
@@ -282,17 +283,6 @@ def test_reduce_scatter(nodes_comm, case, algorithm):
             assert_same(got, native, f"reduce_scatter {algorithm} {op} {dtype} counts={counts} vs MPI")
 
 
-def _native_scan(x: np.ndarray, op: str, exclusive: bool) -> np.ndarray | None:
-    """MPI's Scan or Exscan where MPI has the dtype and op (called on every rank); None on exscan's rank 0."""
-    if not native_supported(x.dtype, op):
-        return None
-    out = np.empty_like(x)
-    (WORLD.Exscan if exclusive else WORLD.Scan)(x, out, native_op(op, x.dtype))
-    if exclusive and RANK == 0:
-        return None
-    return np.true_divide(out, RANK if exclusive else RANK + 1).astype(x.dtype) if op == "avg" else out
-
-
 @pytest.mark.parametrize("algorithm", [*NODE_AWARE["scan"], "auto"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-{c[1]}")
 def test_scan_and_exscan(nodes_comm, case, algorithm):
@@ -310,10 +300,10 @@ def test_scan_and_exscan(nodes_comm, case, algorithm):
                 assert got_ex is None, f"ex{what}"
             else:
                 assert_same(got_ex, numpy_reduce(op, inputs[:RANK]), f"ex{what}")
-        native = _native_scan(inputs[RANK], op, exclusive=False)
+        native = native_scan(inputs[RANK], op, exclusive=False)
         if native is not None:
             assert_same(got, native, f"scan {algorithm} {op} {dtype} len {length} vs MPI")
-        native = _native_scan(inputs[RANK], op, exclusive=True)
+        native = native_scan(inputs[RANK], op, exclusive=True)
         if native is not None:
             assert_same(got_ex, native, f"exscan {algorithm} {op} {dtype} len {length} vs MPI")
 
