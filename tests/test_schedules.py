@@ -29,17 +29,13 @@ WINDOWED = [importlib.import_module(f"mpiring.algorithms.{name}")
                          "gather_linear", "scatter_linear")]
 
 
-class CheckingRing:
-    """A rank's view of the ring that records posts and checks every receive buffer."""
+class SimulatedRing:
+    """What an algorithm reads of a Ring besides `post`: its place in the ring, and scratch."""
 
     def __init__(self, rank: int, size: int, nodes: NodeMap | None = None) -> None:
         self.rank, self.size = rank, size
         self.nodes = nodes or NodeMap.single(size)  # what the node-aware algorithms read
         self.left, self.right = (rank - 1) % size, (rank + 1) % size
-        self.sent: dict[int, list[int]] = {}  # destination -> sizes, in posting order
-        self.received: dict[int, list[int]] = {}  # source -> sizes, in posting order
-        self.pending: dict[int, tuple[list, list]] = {}  # id(step) -> (receive buffers, send buffers)
-        self.unconsumed: list = []  # received, not yet reduced, copied or sent on
 
     def position(self, root: int) -> int:
         return (self.rank - root) % self.size
@@ -49,6 +45,17 @@ class CheckingRing:
 
     def scratch(self, backend, count, dtype):
         return Scratch(np.empty(count, dtype))
+
+
+class CheckingRing(SimulatedRing):
+    """A rank's view of the ring that records posts and checks every receive buffer."""
+
+    def __init__(self, rank: int, size: int, nodes: NodeMap | None = None) -> None:
+        super().__init__(rank, size, nodes)
+        self.sent: dict[int, list[int]] = {}  # destination -> sizes, in posting order
+        self.received: dict[int, list[int]] = {}  # source -> sizes, in posting order
+        self.pending: dict[int, tuple[list, list]] = {}  # id(step) -> (receive buffers, send buffers)
+        self.unconsumed: list = []  # received, not yet reduced, copied or sent on
 
     def post(self, backend, tag, sends=(), receives=()):
         busy = [b for receives_, sends_ in self.pending.values() for b in receives_ + sends_] + self.unconsumed
@@ -171,23 +178,14 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
                         f"{rings[a].sent.get(b, [])} bytes, which posts receives for {rings[b].received.get(a, [])}")
 
 
-class RendezvousRing:
+class RendezvousRing(SimulatedRing):
     """A rank's view of a simulated world in which a message moves only once both its send and
     its receive are posted (MPI's rendezvous protocol, the strictest it may choose)."""
 
     def __init__(self, rank: int, size: int, nodes: NodeMap, world: dict) -> None:
-        self.rank, self.size, self.nodes, self.world = rank, size, nodes, world
-        self.left, self.right = (rank - 1) % size, (rank + 1) % size
+        super().__init__(rank, size, nodes)
+        self.world = world
         self.needs: dict[int, list[tuple[str, int, int, int]]] = {}  # id(step) -> what it waits for
-
-    def position(self, root: int) -> int:
-        return (self.rank - root) % self.size
-
-    def rank_at(self, position: int, root: int) -> int:
-        return (root + position) % self.size
-
-    def scratch(self, backend, count, dtype):
-        return Scratch(np.empty(count, dtype))
 
     def post(self, backend, tag, sends=(), receives=()):
         step, needs = Step(), []
