@@ -14,9 +14,9 @@ kernel's transparent huge pages are "always" or "madvise". The last page is whol
 holds up to 2 MiB more memory than it asks for. Smaller arrays, kernels without transparent
 huge pages, and MPIRING_HUGE_PAGES=0 get numpy.empty.
 
-Users allocate with it as `mpiring.empty`, mpiring its own outputs and scratch
-(NumpyBackend.empty, from OWN_HUGE_FROM_BYTES), and the benchmark the buffers of mpiring and
-of the MPI library alike.
+Users allocate with it as `mpiring.empty`, mpiring its pooled scratch (NumpyBackend.empty_kept,
+from OWN_HUGE_FROM_BYTES), and the benchmark the buffers of mpiring and of the MPI library alike.
+A call's result is numpy.empty's: a new mapping per call would pay its page faults every time.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from mpiring import environment
 
 HUGE_PAGE_BYTES = 2 << 20
 # From these sizes up an array gets huge pages: a user's buffers (mpiring.empty) from 64 KiB,
-# where they already halve a message's time; mpiring's own from 1 MiB, since the result of
-# an out=None call may be kept by the thousand and a whole 2 MiB page at most doubles it there.
+# where they already halve a message's time; mpiring's pooled scratch from 1 MiB, where a whole
+# 2 MiB page at most doubles it.
 HUGE_FROM_BYTES = 64 << 10
 OWN_HUGE_FROM_BYTES = 1 << 20
 _THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -60,7 +60,7 @@ def huge_pages() -> bool:
 def describe() -> str:
     """Which pages `empty` gives, in words (the benchmark's header, `mpiring info`)."""
     if huge_pages():
-        return (f"2 MiB pages from {HUGE_FROM_BYTES >> 10} KiB (mpiring.empty; mpiring's own arrays from "
+        return (f"2 MiB pages from {HUGE_FROM_BYTES >> 10} KiB (mpiring.empty; mpiring's pooled scratch from "
                 f"{OWN_HUGE_FROM_BYTES >> 20} MiB)")
     why = "MPIRING_HUGE_PAGES=0" if _kernel_offers_huge_pages() else "the kernel offers no transparent huge pages"
     return f"numpy.empty ({why})"

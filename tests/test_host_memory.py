@@ -75,9 +75,11 @@ def test_small_arrays_and_huge_pages_off_are_plain_numpy(monkeypatch):
         mpiring.empty(1 << 20, numpy.float64)
 
 
-def test_mpirings_own_large_buffers_come_from_host_memory(monkeypatch):
-    """Outputs and scratch (NumpyBackend.empty) take the same pages as mpiring.empty."""
+def test_mpirings_kept_buffers_come_from_host_memory_and_per_call_ones_from_numpy(monkeypatch):
+    """The scratch pool's buffers (NumpyBackend.empty_kept) take the same pages as mpiring.empty;
+    a call's result or temporary (NumpyBackend.empty) is numpy.empty's at every size."""
     monkeypatch.delenv("MPIRING_HUGE_PAGES", raising=False)
-    scratch = NUMPY.empty(host_memory.OWN_HUGE_FROM_BYTES, numpy.uint8)
+    scratch = NUMPY.empty_kept(host_memory.OWN_HUGE_FROM_BYTES, numpy.uint8)
     assert scratch.flags.owndata is not host_memory.huge_pages()
-    assert NUMPY.empty(host_memory.OWN_HUGE_FROM_BYTES - 1, numpy.uint8).flags.owndata
+    assert NUMPY.empty_kept(host_memory.OWN_HUGE_FROM_BYTES - 1, numpy.uint8).flags.owndata
+    assert NUMPY.empty(16 * host_memory.OWN_HUGE_FROM_BYTES, numpy.uint8).flags.owndata

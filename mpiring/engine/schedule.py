@@ -26,7 +26,6 @@ one rank may replay while another builds, and they still agree on every message.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
-from mpiring import host_memory
 from mpiring.backend import NUMPY
 from mpiring.engine import compiled
 from mpiring.engine.transport import Call, Step, Traffic, without_posted
@@ -481,11 +479,9 @@ def _as_bytes(a: numpy.ndarray) -> numpy.ndarray:
 
 
 def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray]:
-    """What makes a call's result when it gives no out=: numpy.empty itself for small ones (the
-    cheapest allocation, called from C), 2 MiB pages where they pay (host_memory)."""
-    if math.prod(shape) * dtype.itemsize < host_memory.OWN_HUGE_FROM_BYTES:
-        return partial(numpy.empty, shape, dtype)
-    return partial(host_memory.empty, shape, dtype, huge_from=host_memory.OWN_HUGE_FROM_BYTES)
+    """What makes a call's result when it gives no out=: numpy.empty itself, called from C (the
+    cheapest allocation at every size: see NumpyBackend.empty)."""
+    return partial(numpy.empty, shape, dtype)
 
 
 def _do(schedule: Schedule, work: Any) -> None:

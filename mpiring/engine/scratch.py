@@ -60,7 +60,7 @@ class ScratchPool:
             return Scratch(backend.empty(count, dtype))
         spare = self._spare.setdefault(backend.name, [])
         fitting = [i for i, buf in enumerate(spare) if buf.nbytes >= nbytes]
-        raw = spare.pop(min(fitting, key=lambda i: spare[i].nbytes)) if fitting else backend.empty(nbytes, "uint8")
+        raw = spare.pop(min(fitting, key=lambda i: spare[i].nbytes)) if fitting else backend.empty_kept(nbytes, "uint8")
         return Scratch(raw[:nbytes].view(dtype), raw, spare, self.limit)
 
     def clear(self) -> None:

@@ -74,6 +74,8 @@ class CupyBackend:
         with self.device:
             return self.xp.empty(shape, dtype=dtype)
 
+    empty_kept = empty  # CuPy's memory pool already keeps freed device memory for the next call
+
     def flat(self, x: Any) -> Any:
         """A 1-D view of a C-contiguous array (a device copy only if it is not contiguous)."""
         with self.device:
