@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import mmap
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -400,6 +401,16 @@ def _named_items(buf: Any, datatype: Any) -> Any:
     return flat if flat.dtype == named[1] else flat.view(named[1])
 
 
+def _same(buf: Any) -> Any:
+    return buf
+
+
+# Buffer objects of bytes that mpi4py's own programs pass (its OSU demos: an mmap), seen at once
+# as a flat array of uint8; any other object takes _items' generic route.
+_BYTE_BUFFERS = {bytearray: partial(numpy.frombuffer, dtype=numpy.uint8),
+                 mmap.mmap: partial(numpy.frombuffer, dtype=numpy.uint8)}
+
+
 def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     """The elements a plain spec names: a view of the caller's memory.
 
@@ -410,9 +421,17 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
-    if spec.__class__ is list and len(spec) == 2:  # [array, MPI.FLOAT], [array, MPI.BYTE]: as common
-        flat = _named_items(spec[0], spec[1])
-        if flat is not None and (blocks == 1 or flat.size % blocks == 0):
+    if spec.__class__ is list and 2 <= len(spec) <= 3:  # [array, MPI.FLOAT], [buffer, n, MPI.BYTE]: as common
+        flat = _named_items(_BYTE_BUFFERS.get(spec[0].__class__, _same)(spec[0]), spec[-1])
+        if flat is not None:
+            if len(spec) == 2:
+                if blocks == 1 or flat.size % blocks == 0:
+                    return flat
+            elif spec[1].__class__ is int and 0 <= spec[1] * blocks <= flat.size:
+                return flat[: spec[1] * blocks]
+    elif spec.__class__ in _BYTE_BUFFERS:  # bytearray(n), an mmap: their bytes
+        flat = numpy.frombuffer(spec, numpy.uint8)
+        if blocks == 1 or flat.size % blocks == 0:
             return flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
@@ -567,15 +586,25 @@ def _check_info(collective: str, info: Any) -> None:
         raise ArgumentTypeError(collective, "info", f"must be an MPI.Info, got {info!r}")
 
 
-def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: int) -> Any:
-    """This rank's block of `whole` (n items) when `given` is IN_PLACE or `whole` itself, else
-    `given` checked to hold n items of whole's dtype."""
-    if _is_in_place(given):
-        return whole[rank * n : (rank + 1) * n]
-    items = simple(call, argument, given)
-    if items.size != n and _same_memory(items, whole):
-        return whole[rank * n : (rank + 1) * n]
-    return _matching(call, argument, items, n, whole.dtype)
+def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: int, *,
+               copy_in: bool) -> tuple[Any, Callable[[], None] | None]:
+    """(this rank's block, what copies it in before each run): `given` checked to hold n items of
+    whole's dtype, or, when `given` is IN_PLACE or `whole` itself, block `rank` of `whole` as an
+    array of its own. A lowercase call whose x and out overlap could not be recorded, so every
+    in-place call would take the slow path: a send block (`copy_in`) is copied out before each
+    run (done once here); a receive block that already holds its data (Scatter's root) gets a
+    throwaway array."""
+    if not _is_in_place(given):
+        items = simple(call, argument, given)
+        if items.size == n or not _same_memory(items, whole):
+            return _matching(call, argument, items, n, whole.dtype), None
+    block = whole[rank * n : (rank + 1) * n]
+    apart = numpy.empty(block.shape, block.dtype)
+    if not copy_in:
+        return apart, None
+    before = partial(numpy.copyto, apart, block)
+    before()
+    return apart, before
 
 
 def _unit(collective: str, argument: str, spec: Any) -> int:
@@ -791,17 +820,17 @@ class BufferAPI:
         if r == root:
             out = simple("Gather", "recvbuf", recvbuf, blocks=p)
             n = out.size // p
-            x = _own_block("Gather", "sendbuf", sendbuf, out, r, n)
+            x, before = _own_block("Gather", "sendbuf", sendbuf, out, r, n, copy_in=True)
         else:
-            x, out = self._send_only("Gather", sendbuf), None
-        return _Prepared("gather", x, out, None, root, (x.size,) * p)
+            x, out, before = self._send_only("Gather", sendbuf), None, None
+        return _Prepared("gather", x, out, None, root, (x.size,) * p, before=before)
 
     def _parse_allgather(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p, r = self.size, self.rank
         out = simple("Allgather", "recvbuf", recvbuf, blocks=p)
         n = out.size // p
-        x = _own_block("Allgather", "sendbuf", sendbuf, out, r, n)
-        return _Prepared("allgather", x, out, None, None, (n,) * p)
+        x, before = _own_block("Allgather", "sendbuf", sendbuf, out, r, n, copy_in=True)
+        return _Prepared("allgather", x, out, None, None, (n,) * p, before=before)
 
     def _parse_gatherv(self, sendbuf: Any, recvbuf: Any, root: int) -> _Prepared:
         if self.rank != root:  # the row counts are exchanged: only the root knows them
@@ -822,7 +851,7 @@ class BufferAPI:
         if r == root:
             x = simple("Scatter", "sendbuf", sendbuf, blocks=p)
             n = x.size // p
-            out = _own_block("Scatter", "recvbuf", recvbuf, x, r, n)
+            out, _ = _own_block("Scatter", "recvbuf", recvbuf, x, r, n, copy_in=False)
         else:  # the send buffer is ignored off the root
             x, out = None, self._receive_only("Scatter", recvbuf)
         return _Prepared("scatter", x, out, None, root, (out.size,) * p)
