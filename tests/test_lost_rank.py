@@ -5,7 +5,8 @@ Each test launches its own job (tests/lost_rank_scenarios.py says what each stag
 the launch setting that keeps the survivors running, under a hard timeout: a hang fails the
 test, it never holds up the suite. Several losses share one launch (8 ranks lose up to 5, one
 per stage), so that many kill points cost few start-ups. Without survival, or without that
-launch setting, a lost rank still ends the whole job at once: tested too.
+launch setting, a lost rank still ends the whole job at once: tested too. The torch.distributed
+backend goes on too (tests/torch_lost_rank.py): the survivors' default group is made again.
 """
 
 from __future__ import annotations
@@ -214,3 +215,31 @@ def test_training_goes_on_after_two_losses(tmp_path) -> None:
         for step in range(start, end):
             assert abs(run["losses"][step] - fresh[str(start)][step]) <= 1e-10, (step, run["losses"], fresh)
     assert run["losses"][:4] == fresh["4"][:4]  # the steps before the first checkpoint, as saved
+
+
+# ---- torch.distributed goes on ----
+
+@pytest.mark.parametrize("ranks,victim", [(3, 1), (4, 0)])  # rank 0 served torch's key-value store
+def test_torch_default_group_goes_on(ranks: int, victim: int, tmp_path) -> None:
+    """A rank leaves inside dist.all_reduce on the "mpiring" backend: every survivor's call raises
+    RankLostError naming it, mpiring.torch.shrink_process_group() makes the default group on the
+    N-1 survivors (renumbered in order), and its all_reduce, broadcast, all_gather and a new
+    group's all_reduce equal NumPy's on regenerated inputs; no call returned wrong data."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'mpiring[torch]')")
+    command, env = launcher()
+    env["MPIRING_SURVIVE"] = "1"
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # mpiring.torch fills them from MPI
+        env.pop(name, None)
+    script = os.path.join(ROOT, "tests", "torch_lost_rank.py")
+    done = subprocess.run([*command, "-n", str(ranks), sys.executable, script, str(victim), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    results = {result["world"]: result for result in reports(done.stdout)}
+    members = [w for w in range(ranks) if w != victim]
+    assert sorted(results) == members, f"{done.stdout}\n{done.stderr[-3000:]}"
+    for world, seen in results.items():
+        assert seen["wrong"] == 0 and seen["calls"] > 0, seen
+        assert seen["error"] == "RankLostError" and seen["lost"] == [victim], seen
+        assert (seen["rank"], seen["size"]) == (members.index(world), ranks - 1) and seen["default"], seen
+        checks = ["all_reduce", "broadcast_0", f"broadcast_{ranks - 2}", "all_gather"]
+        checks += ["new_group"] if seen["rank"] < 2 else []
+        assert seen["checks"] == dict.fromkeys(checks, True), seen

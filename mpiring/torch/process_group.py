@@ -71,6 +71,12 @@ class ProcessGroupMpiring(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    def free(self) -> None:
+        """Free the communicators this group runs on (mpiring.torch.shrink_process_group frees
+        those of the groups it destroys)."""
+        self.comm.free()
+        self._p2p.Free()
+
     # ---- plumbing ----
 
     def _equal(self, n: int) -> tuple[int, ...]:

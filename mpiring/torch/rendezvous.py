@@ -5,6 +5,8 @@ MASTER_ADDR and MASTER_PORT, which torchrun sets and mpirun does not. `fill_envi
 the missing ones (and LOCAL_RANK, LOCAL_WORLD_SIZE) from MPI, so a program written for torchrun
 runs under mpirun unchanged. torch.distributed keeps a small TCP key-value store at
 MASTER_ADDR:MASTER_PORT for its own bookkeeping; mpiring's collectives never use it.
+`survivors_store` makes that store again on the survivors of a lost rank (whose old store may
+have been served by the lost rank).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 
+import torch.distributed as dist
 from mpi4py import MPI
 
 _LOCAL_RANK = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK", "SLURM_LOCALID")
@@ -32,10 +35,28 @@ def fill_environment(comm: MPI.Intracomm | None = None) -> None:
     # the launcher gives every rank the same environment: all ranks take this branch, or none
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return
-    here = socket.gethostname()
-    host, port = comm.bcast((here, _free_port()) if comm.Get_rank() == 0 else None, root=0)
-    env.setdefault("MASTER_ADDR", "127.0.0.1" if host == here else host)
+    host, port = _announce(comm, _free_port() if comm.Get_rank() == 0 else 0)
+    env.setdefault("MASTER_ADDR", host)
     env.setdefault("MASTER_PORT", str(port))
+
+
+def survivors_store(comm: MPI.Intracomm) -> dist.TCPStore:
+    """torch.distributed's key-value store for a group on `comm`, served by its rank 0 on a port
+    the system picks (collective over `comm`). RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are
+    set to `comm`'s, so that the environment describes the world the program now runs in."""
+    rank = comm.Get_rank()
+    served = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if rank == 0 else None
+    host, port = _announce(comm, served.port if served is not None else 0)
+    store = served or dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(comm.Get_size()), MASTER_ADDR=host, MASTER_PORT=str(port))
+    return store
+
+
+def _announce(comm: MPI.Intracomm, port: int) -> tuple[str, int]:
+    """Rank 0's address (127.0.0.1 on its own host) and `port`, on every rank of `comm` (collective)."""
+    here = socket.gethostname()
+    host, port = comm.bcast((here, port) if comm.Get_rank() == 0 else None, root=0)
+    return ("127.0.0.1" if host == here else host), port
 
 
 def _free_port() -> int:
