@@ -35,6 +35,7 @@ docs/dropin.md lists what is refused, and why.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import inspect
 import math
@@ -519,16 +520,29 @@ def vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
 
 
 def packed_blocks(spec: Any, size: int) -> tuple[Any, tuple[int, ...]] | None:
-    """The common v-variant spec, [array, counts, datatype] with a list of `size` non-negative
-    ints, a contiguous NumPy array and a predefined datatype: (its blocks' elements, packed in
-    rank order, and the counts) at once; None where vector() must parse it."""
-    if spec.__class__ is not list or len(spec) != 3 or spec[1].__class__ is not list or len(spec[1]) != size:
+    """The common v-variant specs, [buffer, counts, datatype] and [buffer, (counts, displs),
+    datatype] with displacements that pack the blocks in rank order, `size` non-negative ints
+    each, a contiguous NumPy array or a byte buffer and a predefined datatype: (the blocks'
+    elements and the counts) at once; None where vector() must parse it."""
+    if spec.__class__ is not list or len(spec) != 3:
         return None
-    counts = tuple(spec[1])
+    counts, displs = spec[1], None
+    if counts.__class__ is tuple and len(counts) == 2:  # the pair (counts, displs)
+        counts, displs = counts
+    if counts.__class__ not in _COUNT_SEQUENCES or len(counts) != size:
+        return None
+    counts = tuple(counts)
     if not all(c.__class__ is int for c in counts) or (counts and min(counts) < 0):
         return None
-    items, total = _named_items(spec[0], spec[2]), sum(counts)
+    if displs is not None and (displs.__class__ not in _COUNT_SEQUENCES or len(displs) != size
+                               or not all(d.__class__ is int for d in displs)
+                               or tuple(displs) != tuple(accumulate(counts[:-1], initial=0))):
+        return None
+    items, total = _named_items(_BYTE_BUFFERS.get(spec[0].__class__, _same)(spec[0]), spec[2]), sum(counts)
     return None if items is None or total > items.size else (items[:total], counts)
+
+
+_COUNT_SEQUENCES = (list, tuple, array.array)  # what mpi4py's programs pass as counts (its demos: array("i"))
 
 
 def bytes_vector(collective: str, argument: str, spec: Any, size: int) -> Vector:
