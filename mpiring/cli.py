@@ -19,7 +19,7 @@ def _info() -> int:
 
     import mpiring
     from mpiring import host_memory, topology
-    from mpiring.engine import compiled
+    from mpiring.engine import native
     from mpiring.launch import check_world_size
 
     comm = MPI.COMM_WORLD
@@ -43,7 +43,7 @@ def _info() -> int:
     print(f"MPI standard {'.'.join(map(str, MPI.Get_version()))}, "
           f"thread level {levels.get(MPI.Query_thread(), MPI.Query_thread())}")
     print("\n".join(gpu_lines))
-    print(f"planned calls replay {compiled.describe()}")
+    print(f"planned calls replay {native.describe()}")
     print(f"large host arrays mpiring makes (mpiring.empty): {host_memory.describe()}")
     print(f"world size: {comm.Get_size()}, on {nodes.describe()} (node-aware algorithms: "
           f"{'yes' if nodes.hierarchical else 'no, one node or one rank per node'}); waits "

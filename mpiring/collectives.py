@@ -21,9 +21,9 @@ from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.broadcast_node_leader import broadcast_node_leader
 from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, row_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, CollectiveMismatchError
-from mpiring.ring import Ring
 from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 

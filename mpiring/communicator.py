@@ -25,13 +25,13 @@ from mpiring.engine.engine import Built, Engine, counts_key, counts_pair
 from mpiring.engine.farewell import leaving, let_go
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan
+from mpiring.engine.ring import IN_FLIGHT_BYTES, Ring
 from mpiring.engine.schedule import Schedule
 from mpiring.engine.scratch import POOL_BYTES
 from mpiring.engine.transport import Traffic, persistent_sends_suit
 from mpiring.errors import ArgumentError, CommunicationError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
-from mpiring.ring import IN_FLIGHT_BYTES, Ring
 from mpiring.selection import read_environment
 from mpiring.validation import (
     check_array,

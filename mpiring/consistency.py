@@ -56,10 +56,10 @@ import numpy
 from mpiring import environment
 from mpiring.backend import NUMPY, dtype_token
 from mpiring.catalogue import JOINING, REDUCING, ROOTED
-from mpiring.engine.executor import run_to_end
+from mpiring.engine.ring import Ring
+from mpiring.engine.run import run_to_end
 from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, ArgumentTypeError, CollectiveMismatchError
-from mpiring.ring import Ring
 
 _BY_ROWS = (*JOINING, "scatter")  # collectives whose ranks agree on rows' shape, not the whole
 _COUNTED = ("gather", "allgather", "reduce_scatter", "scatter")  # counts= is the same on every rank

@@ -28,7 +28,7 @@ import mpiring  # noqa: E402
 from mpiring import errors, launch  # noqa: E402
 from mpiring.buffer_api import Request  # noqa: E402
 from mpiring.catalogue import CATALOGUE as COLLECTIVES  # noqa: E402
-from mpiring.engine.executor import CollectiveRequest, PersistentRequest  # noqa: E402
+from mpiring.engine.requests import CollectiveRequest, PersistentRequest  # noqa: E402
 
 PAGE = ROOT / "docs" / "api-reference.md"
 

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         # PYTHONMALLOC=malloc: Python's own small-object allocator would hide overruns of PyMem blocks
         env = dict(os.environ, PATH=path, PYTHONPATH=str(copy), LD_PRELOAD=runtime, PYTHONMALLOC="malloc",
                    ASAN_OPTIONS=f"detect_leaks=0:abort_on_error=1:log_path={reports}/asan", MPIRING_COMPILED="1")
-        probe = "import mpiring.engine.compiled as c, sys; sys.exit(0 if c.available() else 1)"
+        probe = "import mpiring.engine.native as c, sys; sys.exit(0 if c.available() else 1)"
         if subprocess.run([sys.executable, "-c", probe], cwd=copy, env=env).returncode != 0:
             raise SystemExit("check_asan: the instrumented C replay does not load (its tests would only skip)")
         # their serial tests once (a singleton MPI), then the MPI ones at each size

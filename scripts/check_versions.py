@@ -35,8 +35,8 @@ want = np.empty_like(x)
 MPI.COMM_WORLD.Allreduce(x, want)
 assert np.array_equal(comm.allreduce(x), want)
 assert np.array_equal(comm.allreduce(x), want)  # replayed from its recorded schedule
-from mpiring.engine import compiled
-print("smoke ok, C replay", compiled.available(), "numpy", np.__version__)
+from mpiring.engine import native
+print("smoke ok, C replay", native.available(), "numpy", np.__version__)
 """
 
 

@@ -6,7 +6,7 @@
 Checks that `python -m build` makes both from a clean copy of the tracked files, that the wheel
 carries the C replay (mpiring/engine/_replay.c compiled: the wheel is platform-specific), that
 it installs with its dependencies into a venv of its own, and that there `import mpiring` gives
-the checkout's version and `mpiring.engine.compiled.available()` is True. Needs the `build`
+the checkout's version and `mpiring.engine.native.available()` is True. Needs the `build`
 package (the `docs` extra), a C compiler and Python's headers.
 """
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         run([python, "-m", "pip", "install", "-q", f"{wheels[0]}[mpich]"])  # an MPI to load, from PyPI
         from mpiring import __version__
 
-        check = ("import mpiring, mpiring.engine.compiled as c; "
+        check = ("import mpiring, mpiring.engine.native as c; "
                  f"assert mpiring.__version__ == {__version__!r}, mpiring.__version__; "
                  "assert c.available(), 'the C replay is not available'; "
                  "assert '/venv/' in mpiring.__file__, mpiring.__file__; "

@@ -16,9 +16,9 @@ the mean over ranks:
 - a replay of the schedule, bound once, without the call around it (`run_recorded`), so the
   difference to the full call is the lookup, the binding and the per-call checks;
 - the recorded call with its cache hit taken in Python rather than by the C Shortcut
-  (compiled.shortcut), where the C replay was built;
+  (native.shortcut), where the C replay was built;
 - the recorded call with its schedule replayed in Python (MPIRING_COMPILED=0) rather than in C
-  (mpiring.engine.compiled), where the C replay was built.
+  (mpiring.engine.native), where the C replay was built.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from mpi4py import MPI
 
 import mpiring
 from mpiring.bench import timing
-from mpiring.engine import compiled
-from mpiring.engine.executor import run_recorded
+from mpiring.engine import native
+from mpiring.engine.run import run_recorded
 
 MARKERS = ("<!-- BEGIN CALL COST -->", "<!-- END CALL COST -->")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,19 +120,19 @@ def main() -> None:
     hit_in_python.free()
     if world.rank:
         return
-    native = us["native `Allreduce`"]
+    mpi_us = us["native `Allreduce`"]
     library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
     lines = [provenance(args.write), "", f"{args.bytes}-byte float32 all-reduce, 2 ranks, {library}, "
              f"{timing.describe(args.calls, args.rounds, WARMUP)}:", "",
              "| variant | us per call | x native |", "| --- | --- | --- |"]
     for name, value in us.items():
-        lines.append(f"| {name} | {value:.2f} | {value / native:.2f} |")
+        lines.append(f"| {name} | {value:.2f} | {value / mpi_us:.2f} |")
     call = us["mpiring `comm.allreduce(x, out=y)`, recorded"]
     replay = us["the schedule's replay alone (`run_recorded`)"]
     floor_us = us["Python floor (persistent requests, by hand)"]
     no_limit = us["the same on a `Communicator(timeout=math.inf)` (no timeout)"]
-    lines += ["", f"Schedules replay {compiled.describe()} here. Of mpiring's {call:.2f} us: {floor_us:.2f} "
-              f"the floor's messages and add, {replay - floor_us:+.2f} the executor around them (traffic "
+    lines += ["", f"Schedules replay {native.describe()} here. Of mpiring's {call:.2f} us: {floor_us:.2f} "
+              f"the floor's messages and add, {replay - floor_us:+.2f} the replay loop around them (traffic "
               f"counters, step loop; below zero where C beats the hand-written "
               f"Python), {call - replay:.2f} the call itself (method, cache "
               "lookup, binding the arrays, the checks that the thread and communicator still fit). "

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from oracles import all_inputs, assert_same, numpy_reduce
 
 import mpiring
-from mpiring.engine import compiled
+from mpiring.engine import native
 from mpiring.engine.schedule import RERECORD_LIMIT, STABLE_RUNS
 
 pytestmark = pytest.mark.mpi
@@ -26,7 +26,7 @@ RANK = WORLD.Get_rank()
 
 @pytest.fixture(params=["compiled", "python"])
 def comm(request, monkeypatch):
-    if request.param == "compiled" and not compiled.available():
+    if request.param == "compiled" and not native.available():
         pytest.skip("the C replay was not built")
     monkeypatch.setenv("MPIRING_COMPILED", "1" if request.param == "compiled" else "0")
     made = mpiring.Communicator()

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import mpiring
 from mpiring.algorithms import ALGORITHMS
 from mpiring.consistency import CHECK_TAG, RECORD, CallMismatchError, wanted
-from mpiring.ring import Ring
+from mpiring.engine.ring import Ring
 
 pytestmark = pytest.mark.mpi
 

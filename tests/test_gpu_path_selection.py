@@ -35,6 +35,7 @@ from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 import mpiring
 import mpiring.gpu
 from mpiring.backend import NUMPY, backend_for, is_device_array
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call
 from mpiring.engine.waiting import complete, is_complete
 from mpiring.errors import ArgumentError, CollectiveTimeout, CommunicationError
@@ -46,7 +47,6 @@ from mpiring.gpu.staging import (
     segment_bounds,
     segment_bytes_from_env,
 )
-from mpiring.ring import Ring
 
 # fetch the module itself (mpiring.cuda_aware is the exported function)
 cuda_aware_module = importlib.import_module("mpiring.cuda_detection")

@@ -16,7 +16,7 @@ from mpiring.algorithms.broadcast_ring import SEGMENT_BYTES, segment_count
 from mpiring.algorithms.reduce_scatter_ring_pipelined import segments
 from mpiring.backend import NUMPY
 from mpiring.engine.partition import bounds_from_counts, split_bounds
-from mpiring.ring import Ring
+from mpiring.engine.ring import Ring
 
 
 @pytest.mark.parametrize("total", [0, 1, 2, 7, 8, 100, 1001])
@@ -95,11 +95,11 @@ def test_the_compiled_replay_is_built_wherever_it_can_be():
     import shutil
     import sysconfig
 
-    from mpiring.engine import compiled
+    from mpiring.engine import native
 
     compiler = shutil.which(os.environ.get("CC", "cc"))
     headers = pathlib.Path(sysconfig.get_paths()["include"], "Python.h").exists()
-    assert compiled.available() or not (compiler and headers), "the C replay was not built: pip install -e . again"
+    assert native.available() or not (compiler and headers), "the C replay was not built: pip install -e . again"
 
 
 def test_version_option_and_license():
@@ -263,7 +263,7 @@ def test_the_package_imports_without_circles_and_the_core_never_imports_upward()
     # what the walk must see: `from pkg import module`, a function-level import, a typing-only one
     assert "mpiring.collectives" in graph["mpiring.communicator"]
     assert "mpiring.gpu" in graph["mpiring.cli"]
-    assert "mpiring.backend" in graph["mpiring.ring"]
+    assert "mpiring.backend" in graph["mpiring.engine.ring"]
     assert _a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
     assert _a_circle(graph) is None, " -> ".join(_a_circle(graph))
@@ -274,22 +274,22 @@ def test_the_package_imports_without_circles_and_the_core_never_imports_upward()
 
 
 def test_the_compiled_replay_takes_plain_copies_and_exact_arithmetic_and_calls_the_rest():
-    """compiled.work_spec: what the C loop does itself, and what it leaves to NumPy."""
-    from mpiring.engine import compiled
+    """native.work_spec: what the C loop does itself, and what it leaves to NumPy."""
+    from mpiring.engine import native
 
     a, b, out = np.ones(6, np.float32), np.ones(6, np.float32), np.zeros(6, np.float32)
     refs = ((1, 0), (0, 0), (0, 8))
-    assert compiled.work_spec("copy", None, (out, a), refs[:2], 0) == (compiled.WORK_COPY, 0, 0, (1, 0), (0, 0),
+    assert native.work_spec("copy", None, (out, a), refs[:2], 0) == (native.WORK_COPY, 0, 0, (1, 0), (0, 0),
                                                                        (-1, 0), 24, 0)
-    assert compiled.work_spec("op", "sum", (out, a, b), refs, 0)[0] == compiled.WORK_OP
-    assert compiled.work_spec("op", "sum", (out, out, b), refs, 0)[0] == compiled.WORK_OP  # in place: the same memory
-    assert compiled.work_spec("op", "max", (out.astype(np.int32),) * 3, refs, 0)[0] == compiled.WORK_OP
+    assert native.work_spec("op", "sum", (out, a, b), refs, 0)[0] == native.WORK_OP
+    assert native.work_spec("op", "sum", (out, out, b), refs, 0)[0] == native.WORK_OP  # in place: the same memory
+    assert native.work_spec("op", "max", (out.astype(np.int32),) * 3, refs, 0)[0] == native.WORK_OP
     called = [("op", "max", (out, a, b)),  # float max: NaN and signed zeros are NumPy's
               ("op", "sum", (out[:5], out[1:], b[:5])),  # overlapping, shifted: NumPy buffers it
               ("copy", None, (out[::2], a[:3])),  # not contiguous
               ("op", "sum", (out, a.astype(np.float64), b))]  # mixed dtypes
     for kind, op, arrays in called:
-        assert compiled.work_spec(kind, op, arrays, refs[:len(arrays)], 0) is None, (kind, op)
+        assert native.work_spec(kind, op, arrays, refs[:len(arrays)], 0) is None, (kind, op)
 
 
 def test_nothing_but_mpiring_torch_imports_torch():

@@ -3,7 +3,7 @@ as a schedule and replayed on whatever arrays of that layout later calls pass; d
 the direct path (a CUDA-aware MPI) and the staged one are recorded as plans bound to their arrays.
 Replays must give what an unrecorded call gives, with new contents, across eviction, for
 persistent requests started many times, and interleaved with nonblocking calls. They run in C
-where the extension was built (mpiring.engine.compiled) and in Python otherwise: the tests that
+where the extension was built (mpiring.engine.native) and in Python otherwise: the tests that
 take `replay_comm` run both. Device plans also send by persistent requests (MPICH's default) or
 by new ones each run (Open MPI's). Fake device arrays here (tests/fake_device.py), real ones in
 tests/test_gpu.py. How schedules bind (views, new arrays, eviction): tests/test_schedules.py."""
@@ -33,7 +33,7 @@ from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.algorithms import ALGORITHMS
-from mpiring.engine import compiled
+from mpiring.engine import native
 from mpiring.engine.cache import ENTRIES_KEPT
 from mpiring.engine.engine import Engine
 from mpiring.engine.plan import START, WORK, Plan
@@ -48,7 +48,7 @@ RANK = WORLD.Get_rank()
 
 
 def _communicator(monkeypatch, replay: str, sends: str = "persistent sends"):
-    if replay == "compiled" and not compiled.available():  # the same on every rank: one install
+    if replay == "compiled" and not native.available():  # the same on every rank: one install
         pytest.skip("the C replay was not built (no C compiler at install; test_package says when it must be)")
     monkeypatch.setenv("MPIRING_COMPILED", "1" if replay == "compiled" else "0")
     monkeypatch.setenv("MPIRING_PERSISTENT_SENDS", "1" if sends == "persistent sends" else "0")
@@ -60,7 +60,7 @@ def _communicator(monkeypatch, replay: str, sends: str = "persistent sends"):
 
 @pytest.fixture(params=["compiled", "python"])
 def replay_comm(request, monkeypatch):
-    """A fresh communicator whose schedules and plans replay in C (mpiring.engine.compiled) or in Python."""
+    """A fresh communicator whose schedules and plans replay in C (mpiring.engine.native) or in Python."""
     fresh = _communicator(monkeypatch, request.param)
     yield fresh
     fresh.free()
@@ -491,9 +491,9 @@ def test_traffic_of_a_replay_equals_that_of_the_unplanned_call(comm):
     assert counted[0] == counted[1] == counted[2]
 
 
-@pytest.mark.skipif(not compiled.enabled(), reason="the C replay was not built or is off")
+@pytest.mark.skipif(not native.enabled(), reason="the C replay was not built or is off")
 def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
-    """Once planned, a compiled host call never reaches Python (compiled.shortcut), and counts
+    """Once planned, a compiled host call never reaches Python (native.shortcut), and counts
     its sequence number and traffic as a call in Python does."""
     in_python = []
     original = Engine.run_in_python
@@ -521,9 +521,9 @@ def test_cached_calls_take_the_c_shortcut_and_count_as_python_does(monkeypatch):
         assert (plain.traffic.bytes_sent, plain.traffic.messages) == traffic
 
 
-@pytest.mark.skipif(not compiled.available(), reason="the C replay was not built")
+@pytest.mark.skipif(not native.available(), reason="the C replay was not built")
 def test_persistent_runs_in_c_count_and_give_what_python_runs_do():
-    """A compiled persistent request starts and waits in C (compiled.persistent_shortcut): the
+    """A compiled persistent request starts and waits in C (native.persistent_shortcut): the
     same results, sequence numbers and traffic as the same request run by its Python methods."""
     x, want = rank_input(4, RANK, (6,), np.float64), numpy_reduce("max", all_inputs(4, N, (6,), np.float64))
     seen = {}
@@ -593,7 +593,7 @@ def test_counts_skip_the_layout_exchange_and_are_checked(comm, algorithm, messag
 def test_a_timed_out_schedule_stays_referenced_with_its_arrays(monkeypatch, replay):
     """MPI may still write into a timed-out call's buffers: the communicator keeps the schedule
     and the arrays it was bound to."""
-    if replay == "compiled" and not compiled.available():
+    if replay == "compiled" and not native.available():
         pytest.skip("the C replay was not built")
     monkeypatch.setenv("MPIRING_COMPILED", "1" if replay == "compiled" else "0")
     fresh = mpiring.Communicator(timeout=0.3)
@@ -722,11 +722,11 @@ def test_nodes_on_one_machine_count_its_cores_together(monkeypatch):
             assert comm._ring.busy_poll is (busy and N > 1)
 
 
-@pytest.mark.skipif(not compiled.available(), reason="the C replay was not built (test_package says when it must be)")
+@pytest.mark.skipif(not native.available(), reason="the C replay was not built (test_package says when it must be)")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 @pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "rabenseifner"])
 def test_the_compiled_replay_gives_the_bits_of_the_python_replay(monkeypatch, dtype, algorithm):
-    """Copies and arithmetic the C replay does itself (compiled.work_spec) must give NumPy's bits,
+    """Copies and arithmetic the C replay does itself (native.work_spec) must give NumPy's bits,
     on inputs whose sums round (so the order of additions shows)."""
     results = {}
     rng = np.random.default_rng(1234 + RANK)

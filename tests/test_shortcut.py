@@ -1,4 +1,4 @@
-"""The C replay on its own (engine/_replay.c, through mpiring.engine.compiled): a Program built
+"""The C replay on its own (engine/_replay.c, through mpiring.engine.native): a Program built
 from plain data, whose one exchange has no messages, bound to arrays; the Shortcut of a cached
 blocking call, with stand-ins for the ring and engine; and a persistent request's C
 start() and wait(). What they take, what they count, what they compute and what they hand back
@@ -14,30 +14,30 @@ import weakref
 import numpy as np
 import pytest
 
-from mpiring.engine import compiled
+from mpiring.engine import native
 from mpiring.engine.schedule import layout_key
 from mpiring.engine.transport import Traffic
 
-pytestmark = pytest.mark.skipif(not compiled.available(), reason="the C replay was not built")
+pytestmark = pytest.mark.skipif(not native.available(), reason="the C replay was not built")
 
 YIELD = 0.01
 X, OUT = 0, 1
 
 
 def program(works=(), during=(), prologue=(), exchanges=1, roots=(0, 0), owned=(), x_bytes=16, out_bytes=16,
-            allocate=None, result=compiled.RESULT_CODES["out"], traffic=None, schedule=None):
+            allocate=None, result=native.RESULT_CODES["out"], traffic=None, schedule=None):
     """A Program whose exchanges post no message: (handles, request objects, status objects,
     checks, work after, messages made anew, work in flight)."""
     spec = (b"", [], (), (), tuple(works), (), tuple(during))
     traffic = traffic or Traffic(bytes_sent=16, bytes_received=12, messages=2)
     items = (x_bytes // 4, out_bytes // 4)  # float32 elements
-    return compiled._replay.Program(tuple(prologue), (spec,) * exchanges, 0, False, 0, roots, owned, x_bytes,
+    return native._replay.Program(tuple(prologue), (spec,) * exchanges, 0, False, 0, roots, owned, x_bytes,
                                     out_bytes, allocate, result, traffic, schedule, items=items)
 
 
 def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
-    """out <- a op b, done in C (compiled.work_spec's form)."""
-    return (compiled.WORK_OP, compiled.OP_CODES[op], compiled.DTYPE_CODES[np.dtype(dtype)], out, a, b, n, 0)
+    """out <- a op b, done in C (native.work_spec's form)."""
+    return (native.WORK_OP, native.OP_CODES[op], native.DTYPE_CODES[np.dtype(dtype)], out, a, b, n, 0)
 
 
 class StandInRing:
@@ -73,7 +73,7 @@ class Rig:
         self.ring, self.engine = StandInRing(), StandInEngine()
         self.table = {self.key(self.x, self.out if out_given else None): self.program}
         self.in_python, self.after = [], []
-        self.shortcut = compiled.shortcut(self.table, self.ring, self.engine, self._in_python, self._after,
+        self.shortcut = native.shortcut(self.table, self.ring, self.engine, self._in_python, self._after,
                                           YIELD)
 
     def key(self, x, out, op="sum"):
@@ -211,26 +211,26 @@ def test_work_that_raises_is_handed_to_python_with_the_spin_and_the_binding() ->
 
 
 def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compiled, "_replay", None)
+    monkeypatch.setattr(native, "_replay", None)
 
     def in_python(*args):
         return args
 
-    assert compiled.shortcut({}, StandInRing(), StandInEngine(), in_python, None, YIELD) is in_python
+    assert native.shortcut({}, StandInRing(), StandInEngine(), in_python, None, YIELD) is in_python
 
 
 # ---- what a Program computes: exactly NumPy's results ----
 
-OPS_AND_DTYPES = [(op, dtype) for dtype in compiled.DTYPE_CODES for op in compiled.OP_CODES if op != "avg"]
+OPS_AND_DTYPES = [(op, dtype) for dtype in native.DTYPE_CODES for op in native.OP_CODES if op != "avg"]
 
 
 @pytest.mark.parametrize(("op", "dtype"), OPS_AND_DTYPES, ids=[f"{op}-{dtype}" for op, dtype in OPS_AND_DTYPES])
 def test_c_arithmetic_is_numpy_s_where_c_does_it(op: str, dtype: np.dtype) -> None:
-    """The ops C does (compiled.exact_in_c, the same table as _replay.c's op_supported) give
+    """The ops C does (native.exact_in_c, the same table as _replay.c's op_supported) give
     NumPy's bits, on values that wrap, overflow, are NaN or signed zeros, in place too."""
-    op_code, dtype_code = compiled.OP_CODES[op], compiled.DTYPE_CODES[dtype]
-    assert compiled._replay.supports(op_code, dtype_code) == compiled.exact_in_c(op_code, dtype_code)
-    if not compiled.exact_in_c(op_code, dtype_code) or (op in ("band", "bor", "bxor", "land", "lor", "lxor")
+    op_code, dtype_code = native.OP_CODES[op], native.DTYPE_CODES[dtype]
+    assert native._replay.supports(op_code, dtype_code) == native.exact_in_c(op_code, dtype_code)
+    if not native.exact_in_c(op_code, dtype_code) or (op in ("band", "bor", "bxor", "land", "lor", "lxor")
                                                          and dtype.kind in "fc"):
         return
     rng = np.random.default_rng(7)
@@ -257,13 +257,13 @@ def test_c_arithmetic_is_numpy_s_where_c_does_it(op: str, dtype: np.dtype) -> No
     out = np.empty_like(a)
     owned = (a, b, out)
     roots = (0, 0, *(array.__array_interface__["data"][0] for array in owned))
-    work = (compiled.WORK_OP, op_code, dtype_code, (4, 0), (2, 0), (3, 0), n, 0)
-    prog = compiled._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, owned, 0, 0,
+    work = (native.WORK_OP, op_code, dtype_code, (4, 0), (2, 0), (3, 0), n, 0)
+    prog = native._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, owned, 0, 0,
                                     None, 0, Traffic(), None)
     assert prog.run(0, False, -1.0) is None
     assert out.tobytes() == expected.tobytes(), (op, dtype)
-    in_place = (compiled.WORK_OP, op_code, dtype_code, (2, 0), (2, 0), (3, 0), n, 0)  # a <- a op b
-    prog = compiled._replay.Program((), ((b"", [], (), (), (in_place,), (), ()),), 0, False, 0, roots, owned, 0, 0,
+    in_place = (native.WORK_OP, op_code, dtype_code, (2, 0), (2, 0), (3, 0), n, 0)  # a <- a op b
+    prog = native._replay.Program((), ((b"", [], (), (), (in_place,), (), ()),), 0, False, 0, roots, owned, 0, 0,
                                     None, 0, Traffic(), None)
     assert prog.run(0, False, -1.0) is None
     assert a.tobytes() == expected.tobytes(), (op, dtype, "in place")
@@ -273,10 +273,10 @@ def test_c_arithmetic_is_numpy_s_where_c_does_it(op: str, dtype: np.dtype) -> No
 def test_c_division_is_numpy_s(dtype) -> None:
     a = (np.random.default_rng(3).standard_normal(100) * 7).astype(dtype)
     expected = np.true_divide(a, 3, out=np.empty_like(a))
-    work = compiled.work_spec("divide", None, (a, a), ((2, 0), (2, 0)), 3)
-    assert work is not None and work[0] == compiled.WORK_DIVIDE
+    work = native.work_spec("divide", None, (a, a), ((2, 0), (2, 0)), 3)
+    assert work is not None and work[0] == native.WORK_DIVIDE
     roots = (0, 0, a.__array_interface__["data"][0])
-    prog = compiled._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, (a,), 0, 0,
+    prog = native._replay.Program((), ((b"", [], (), (), (work,), (), ()),), 0, False, 0, roots, (a,), 0, 0,
                                     None, 0, Traffic(), None)
     assert prog.run(0, False, -1.0) is None
     assert a.tobytes() == expected.tobytes()
@@ -285,16 +285,16 @@ def test_c_division_is_numpy_s(dtype) -> None:
 def test_work_c_cannot_do_exactly_stays_with_numpy() -> None:
     f32, f16, c64 = np.ones(4, np.float32), np.ones(4, np.float16), np.ones(4, np.complex64)
     refs = ((1, 0), (0, 0), (0, 0))
-    assert compiled.work_spec("op", "min", (f32, f32, f32), refs, 0) is None  # NaN and signed zeros
-    assert compiled.work_spec("op", "sum", (f16, f16, f16), refs, 0) is None
-    assert compiled.work_spec("op", "prod", (c64, c64, c64), refs, 0) is None
-    assert compiled.work_spec("copy", None, (f32, f16), refs[:2], 0) is None  # a conversion
+    assert native.work_spec("op", "min", (f32, f32, f32), refs, 0) is None  # NaN and signed zeros
+    assert native.work_spec("op", "sum", (f16, f16, f16), refs, 0) is None
+    assert native.work_spec("op", "prod", (c64, c64, c64), refs, 0) is None
+    assert native.work_spec("copy", None, (f32, f16), refs[:2], 0) is None  # a conversion
     big_endian = np.ones(4, ">f4")
-    assert compiled.work_spec("op", "sum", (big_endian,) * 3, refs, 0) is None
-    assert compiled.work_spec("op", "sum", (f32, f32, f32), refs, 0) is not None
+    assert native.work_spec("op", "sum", (big_endian,) * 3, refs, 0) is None
+    assert native.work_spec("op", "sum", (f32, f32, f32), refs, 0) is not None
 
 
-# ---- a persistent request's start() and wait() in C (compiled.persistent_shortcut) ----
+# ---- a persistent request's start() and wait() in C (native.persistent_shortcut) ----
 
 
 class StandInRequest:
@@ -339,7 +339,7 @@ class PersistentRig:
         self.program.bind(None, self.result, 0, self.result.__array_interface__["data"][0])
         self.call = StandInCall()
         self.call.step = 3
-        self.start, self.wait = compiled.persistent_shortcut(self.request, self.engine, self.ring, self.program,
+        self.start, self.wait = native.persistent_shortcut(self.request, self.engine, self.ring, self.program,
                                                              self.call, -1.0)
 
 
@@ -377,7 +377,7 @@ def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_a
     def exchange(n: int) -> tuple:
         return (b"", [], (), (), (lambda: order.append(f"after {n}"),), (), (lambda: order.append(f"during {n}"),))
 
-    made = compiled._replay.Program((lambda: order.append("prologue"),), (exchange(0), exchange(1)), 0, False, 0,
+    made = native._replay.Program((lambda: order.append("prologue"),), (exchange(0), exchange(1)), 0, False, 0,
                                     (0, 0), (), 0, 0, None, 0, Traffic(), None)
     assert made.run(0, False, -1.0) is None
     assert order == ["prologue", "during 0", "after 0", "during 1", "after 1"]
@@ -454,18 +454,18 @@ def test_a_start_whose_work_raises_is_handed_to_python() -> None:
 
 
 def test_programs_refuse_data_they_cannot_run() -> None:
-    bad_root = (compiled.WORK_COPY, 0, 0, (5, 0), (0, 0), (-1, 0), 4, 0)
+    bad_root = (native.WORK_COPY, 0, 0, (5, 0), (0, 0), (-1, 0), 4, 0)
     with pytest.raises(ValueError, match="no root"):
         program(works=(bad_root,))
-    min_float = (compiled.WORK_OP, compiled.OP_CODES["min"], compiled.DTYPE_CODES[np.dtype(np.float32)], (1, 0),
+    min_float = (native.WORK_OP, native.OP_CODES["min"], native.DTYPE_CODES[np.dtype(np.float32)], (1, 0),
                  (0, 0), (0, 0), 4, 0)
     with pytest.raises(ValueError, match="cannot do"):
         program(works=(min_float,))
 
 
 def test_shortcuts_used_before_they_were_made_raise() -> None:
-    shortcut = compiled._replay.Shortcut.__new__(compiled._replay.Shortcut)
-    persistent = compiled._replay.PersistentShortcut.__new__(compiled._replay.PersistentShortcut)
+    shortcut = native._replay.Shortcut.__new__(native._replay.Shortcut)
+    persistent = native._replay.PersistentShortcut.__new__(native._replay.PersistentShortcut)
     for use in (lambda: shortcut("allreduce", None, None, None, None, None, "auto", None), persistent.start,
                 persistent.wait):
         with pytest.raises(RuntimeError, match="before it was made"):
@@ -473,16 +473,16 @@ def test_shortcuts_used_before_they_were_made_raise() -> None:
 
 
 def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> None:
-    samples = compiled._array_samples()
-    assert compiled._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as _replay.c reads them
+    samples = native._array_samples()
+    assert native._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as _replay.c reads them
     array, address, *rest = samples[1]
     try:
-        assert compiled._replay.read_arrays(((array, address + 8, *rest),)) is False  # disagreeing: not read
+        assert native._replay.read_arrays(((array, address + 8, *rest),)) is False  # disagreeing: not read
         rig = PersistentRig()
         rig.start()
         assert rig.request.handed == ["start"]  # without readable fields a persistent start asks Python
     finally:
-        assert compiled._replay.read_arrays(samples) is True
+        assert native._replay.read_arrays(samples) is True
 
 
 def test_the_last_hit_is_found_again_only_while_it_is_the_same_call() -> None:

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from thread_scenarios import KINDS, intruded, own_communicators
 
 import mpiring
-from mpiring.engine import compiled
+from mpiring.engine import native
 
 pytestmark = pytest.mark.mpi
 
@@ -78,7 +78,7 @@ def test_free_comes_from_the_owner_or_after_its_thread_ended():
         comm.allreduce(np.ones(2))
 
 
-@pytest.mark.skipif(not compiled.enabled(), reason="the C replay was not built or is off")
+@pytest.mark.skipif(not native.enabled(), reason="the C replay was not built or is off")
 def test_the_shortcut_still_takes_the_owner_s_cached_calls():
     comm = mpiring.Communicator(timeout=30)
     x, out = np.ones(2), np.empty(2)

@@ -8,10 +8,10 @@ import types
 import pytest
 
 import mpiring.engine.waiting as waiting_module
+from mpiring.engine.ring import Ring
 from mpiring.engine.tags import Tags
 from mpiring.engine.transport import Call, Step
 from mpiring.errors import CollectiveTimeout
-from mpiring.ring import Ring
 
 
 class _Request:

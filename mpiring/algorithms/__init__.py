@@ -4,7 +4,7 @@ One module per algorithm (MPICH's layout); each module's docstring gives its ste
 the bytes each rank moves and its alpha-beta-gamma cost. The rings are the bandwidth-optimal
 choice for large messages; the trees, halving/doubling and Bruck are latency-optimal for small
 ones. The node_* algorithms compose flat ones inside each node and across nodes
-(mpiring.ring.SubRing, mpiring.topology). mpiring.selection decides between them for
+(mpiring.engine.ring.SubRing, mpiring.topology). mpiring.selection decides between them for
 algorithm="auto". A ring module's `*_steps` generator is both its registered algorithm and the
 building block other algorithms reuse.
 """

@@ -21,8 +21,8 @@ from typing import Any
 
 from mpiring.algorithms.gather_binomial import relative_offsets, to_rank_order
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def allgather_bruck(ring: Ring, backend: NumpyBackend, tag: int, buf: Any, bounds: list[int],

@@ -27,8 +27,8 @@ from typing import Any
 from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.broadcast_node_leader import FLAT as FLAT_BROADCASTS
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice, flat_choice
 
 

@@ -35,9 +35,9 @@ from mpiring.algorithms.allreduce_scattered import allreduce_scattered
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice
 
 # the flat all-reduces a lane or the leaders may run across nodes, as `auto` names them

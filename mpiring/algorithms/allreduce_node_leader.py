@@ -23,9 +23,9 @@ from mpiring.algorithms.allreduce_node_lanes import allreduce_across
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 
 
 def allreduce_node_leader(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

@@ -45,9 +45,9 @@ from mpiring.algorithms.allreduce_node_lanes import allreduce_node_lanes
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Step, Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 
 # The bytes of one message across nodes (a lane's ring step): a segment is k N of them, so the
 # network's per-message cost is amortized alike at any scale. Measured on the emulated cluster

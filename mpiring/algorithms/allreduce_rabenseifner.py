@@ -20,8 +20,8 @@ from mpiring.algorithms.power_of_two import Fold
 from mpiring.algorithms.reduce_scatter_recursive_halving import halving_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def allreduce_rabenseifner(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

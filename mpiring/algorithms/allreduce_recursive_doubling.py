@@ -20,8 +20,8 @@ from typing import Any
 
 from mpiring.algorithms.power_of_two import Fold
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def fold_in(ring: Ring, backend: NumpyBackend, tag: int, fold: Fold, work: Any, scratch: Any, op: str,

@@ -23,8 +23,8 @@ from mpiring.algorithms.allgather_ring import allgather_steps
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def allreduce_ring(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

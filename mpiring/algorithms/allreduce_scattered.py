@@ -27,8 +27,8 @@ from mpiring.algorithms.allgather_scattered import allgather_scattered
 from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def allreduce_scattered(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str) -> Steps:

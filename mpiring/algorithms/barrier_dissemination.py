@@ -11,8 +11,8 @@ Cost: ceil(lg p) alpha      (no data; p ranks)
 from __future__ import annotations
 
 from mpiring.backend import NUMPY
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def barrier_dissemination(ring: Ring, tag: int) -> Steps:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from mpiring.algorithms.barrier_dissemination import barrier_dissemination
 from mpiring.backend import NUMPY
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring, SubRing
 
 
 def barrier_node_leader(ring: Ring, tag: int) -> Steps:

@@ -13,8 +13,8 @@ a rank leaves once the token has passed it, so no rank leaves before all have en
 from __future__ import annotations
 
 from mpiring.backend import NUMPY
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def barrier_ring(ring: Ring, tag: int) -> Steps:

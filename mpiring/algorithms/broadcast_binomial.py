@@ -17,8 +17,8 @@ from typing import Any
 
 from mpiring.algorithms.binomial import BinomialTree
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def broadcast_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any, src: Any = None) -> Steps:

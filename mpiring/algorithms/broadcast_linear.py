@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import WINDOW, Steps
-from mpiring.ring import Ring
 
 
 def broadcast_linear(ring: Ring, backend: NumpyBackend, tag: int, root: int, buf: Any, src: Any = None) -> Steps:

@@ -21,8 +21,8 @@ from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.broadcast_linear import broadcast_linear
 from mpiring.algorithms.broadcast_ring import broadcast_steps
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice, flat_choice
 
 FLAT = {"linear": broadcast_linear, "binomial": broadcast_binomial, "ring": broadcast_steps}

@@ -21,8 +21,8 @@ from typing import Any
 
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 # Segments only pay off when some rank both receives and forwards (p > 2); this size keeps
 # the pipeline short for small messages and the per-message cost small for large ones.

@@ -22,8 +22,8 @@ from typing import Any
 
 from mpiring.algorithms.binomial import BinomialTree
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def relative_offsets(bounds: list[int], root: int) -> list[int]:

@@ -30,8 +30,8 @@ from mpiring.algorithms.gather_binomial import gather_binomial
 from mpiring.algorithms.gather_linear import gather_linear
 from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import WINDOW, Steps
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import flat_choice
 
 FLAT = {"linear": gather_linear, "binomial": gather_binomial, "ring": gather_steps}

@@ -24,8 +24,8 @@ from typing import Any
 
 from mpiring.algorithms.binomial import BinomialTree
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def reduce_binomial(ring: Ring, backend: NumpyBackend, tag: int, root: int, src: Any, out: Any, op: str) -> Steps:

@@ -20,9 +20,9 @@ from mpiring.algorithms.reduce_binomial import reduce_binomial
 from mpiring.algorithms.reduce_ring import reduce_ring
 from mpiring.algorithms.reduce_scattered import reduce_scattered
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice
 
 FLAT = {"binomial": reduce_binomial, "ring": reduce_ring, "scattered": reduce_scattered}

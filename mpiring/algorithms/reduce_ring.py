@@ -21,8 +21,8 @@ from mpiring.algorithms.gather_ring import gather_steps
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def reduce_ring(

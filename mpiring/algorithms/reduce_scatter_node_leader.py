@@ -35,9 +35,9 @@ from mpiring.algorithms.reduce_scatter_ring_pipelined import pipelined_reduce_sc
 from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
 from mpiring.algorithms.scatter_node_leader import FLAT as FLAT_SCATTERS
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice, flat_choice
 
 ACROSS_NODES = {

@@ -21,8 +21,8 @@ from typing import Any
 from mpiring.algorithms.allreduce_recursive_doubling import fold_in
 from mpiring.algorithms.power_of_two import Fold
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def halving_steps(

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def reduce_scatter_steps(

@@ -28,8 +28,8 @@ from typing import Any
 
 from mpiring.algorithms.reduce_scatter_ring import reduce_scatter_steps
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Step, Steps
-from mpiring.ring import Ring
 
 # Large enough that a segment's message cost stays small next to its transfer, small enough to
 # pipeline chunks of a few MiB. 256 KiB measured slower here (docs/algorithms.md); re-measure

@@ -24,8 +24,8 @@ from mpiring.algorithms.gather_linear import gather_linear
 from mpiring.algorithms.reduce_scatter_scattered import reduce_scatter_scattered
 from mpiring.backend import NumpyBackend
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def reduce_scattered(

@@ -32,9 +32,9 @@ from mpiring.algorithms.broadcast_node_leader import FLAT as FLAT_BROADCASTS
 from mpiring.algorithms.scan_recursive_doubling import scan_recursive_doubling
 from mpiring.algorithms.scan_ring import scan_ring
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
 from mpiring.ops import AVG, SUM
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import across_choice, flat_choice
 
 FLAT = {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling}

@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def scan_recursive_doubling(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str,

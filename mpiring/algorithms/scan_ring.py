@@ -29,8 +29,8 @@ from typing import Any
 
 from mpiring.algorithms.reduce_scatter_ring_pipelined import segments
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 # As the ring broadcast's: big enough that a segment's message cost stays small next to its
 # transfer; with 2 ranks there is nothing to overlap, and the data goes as one message.

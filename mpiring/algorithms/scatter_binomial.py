@@ -17,8 +17,8 @@ from typing import Any
 from mpiring.algorithms.binomial import BinomialTree
 from mpiring.algorithms.gather_binomial import relative_offsets, to_relative_order
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def scatter_binomial(

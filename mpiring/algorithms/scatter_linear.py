@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import WINDOW, Steps
-from mpiring.ring import Ring
 
 
 def scatter_linear(

@@ -28,8 +28,8 @@ from mpiring.algorithms.scatter_binomial import scatter_binomial
 from mpiring.algorithms.scatter_linear import scatter_linear
 from mpiring.algorithms.scatter_ring import scatter_steps
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring, SubRing
 from mpiring.selection import flat_choice
 
 FLAT = {"linear": scatter_linear, "binomial": scatter_binomial, "ring": scatter_steps}

@@ -21,8 +21,8 @@ from typing import Any
 
 from mpiring.algorithms.gather_ring import block_span, staging_size, staging_views
 from mpiring.backend import NumpyBackend
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
-from mpiring.ring import Ring
 
 
 def scatter_steps(

@@ -30,7 +30,7 @@ from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.options import Options
 from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
-from mpiring.engine.executor import MessagesOnly
+from mpiring.engine.requests import MessagesOnly
 from mpiring.ops import AVG, PROD
 
 # Fills for result buffers before the check: outside every value the inputs can produce, and
@@ -145,7 +145,7 @@ def rotating(run: Callable[[Setup, Any], Any], setup: Setup, sets: list[Any]) ->
 def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p: MPI.Intracomm, count: int,
             itemsize: int) -> Callable[[], None]:
     """The ceiling: the messages of mpiring's plan for this call, replayed without its arithmetic
-    (mpiring.engine.executor.MessagesOnly). Calls that are not planned (device buffers) replay
+    (mpiring.engine.requests.MessagesOnly). Calls that are not planned (device buffers) replay
     the ring algorithm's schedule with bare point-to-point calls instead."""
     x = buffers.x if row.name != "scatter" or setup.rank == setup.root else None
     counts = {"gather": buffers.counts, "allgather": buffers.counts, "scatter": buffers.counts,

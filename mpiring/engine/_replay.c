@@ -1,5 +1,5 @@
 /*
- * Schedules replayed in C (wrapped by mpiring/engine/compiled.py).
+ * Schedules replayed in C (wrapped by mpiring/engine/native.py).
  *
  *   per exchange:  post its messages ─► copies in flight ─► MPI_Waitall, or MPI_Testall spun for `spin` s
  *                  ─► byte counts ─► work (copies and arithmetic on the bound buffers)
@@ -13,7 +13,7 @@
  * Python callables as work.
  *
  * Anything that needs words or judgement goes back to Python, which carries on at the exchange
- * where this stopped (executor.py and schedule.py, the Python port of this loop):
+ * where this stopped (run.py and schedule.py, the Python port of this loop):
  *   - an exchange still incomplete after `spin` seconds (a timed call: waiting.poll takes over),
  *   - a receive that got another byte count than expected, or an MPI error (the statuses are
  *     copied into the exchange's MPI.Status objects, so Python names the sender as it always does).
@@ -63,11 +63,11 @@ static struct {
 /* Why a run went back to Python: the tuple it returns is (exchange, reason, MPI error code). */
 enum { STOPPED_WAITING = 0, STOPPED_SIZE = 1, STOPPED_ERROR = 2, STOPPED_CHANGED = 3, STOPPED_NOTICE = 4 };
 
-/* Work: a Python callable, or what this file does itself (compiled.py, `work_spec`). WORK_EXPECT
+/* Work: a Python callable, or what this file does itself (native.py, `work_spec`). WORK_EXPECT
    compares a layout just exchanged with the one the schedule was recorded for: another one stops
    the run (STOPPED_CHANGED), and Python finishes the call for that layout. */
 enum { WORK_CALL = 0, WORK_COPY = 1, WORK_OP = 2, WORK_DIVIDE = 3, WORK_EXPECT = 4 };
-/* dtypes and ops as compiled.py numbers them */
+/* dtypes and ops as native.py numbers them */
 enum { D_BOOL, D_INT8, D_INT16, D_INT32, D_INT64, D_UINT8, D_UINT16, D_UINT32, D_UINT64, D_FLOAT32, D_FLOAT64,
        D_COMPLEX64, D_COMPLEX128, DTYPES };
 enum { O_SUM, O_PROD, O_MIN, O_MAX, O_BAND, O_BOR, O_BXOR, O_LAND, O_LOR, O_LXOR, OPS };
@@ -283,7 +283,7 @@ static int op_loop(int op, int dtype, char *out, const char *a, const char *b, P
     return -1;
 }
 
-/* what op_loop does itself: compiled.py asks before recording WORK_OP */
+/* what op_loop does itself: native.py asks before recording WORK_OP */
 static int op_supported(int op, int dtype) {
     if (op < 0 || op >= OPS || dtype < 0 || dtype >= DTYPES)
         return 0;
@@ -766,7 +766,7 @@ static PyObject *program_release(Program *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* supports(op, dtype): whether WORK_OP with these codes is done here (compiled.py asks). */
+/* supports(op, dtype): whether WORK_OP with these codes is done here (native.py asks). */
 static PyObject *supports(PyObject *module, PyObject *args) {
     int op, dtype;
     if (!PyArg_ParseTuple(args, "ii", &op, &dtype))
@@ -806,7 +806,7 @@ static PyTypeObject ProgramType = {
     .tp_name = "mpiring.engine._replay.Program",
     .tp_basicsize = sizeof(Program),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A schedule or plan replayed in C (compiled.program makes it from plain data)",
+    .tp_doc = "A schedule or plan replayed in C (native.program makes it from plain data)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)program_init,
     .tp_dealloc = (destructor)program_dealloc,
@@ -1025,7 +1025,7 @@ static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
 
 /* The leading fields of a NumPy array object as numpy/ndarraytypes.h lays them out
    (PyArrayObject_fields, the same from NumPy 1.7 to 2.x), read without NumPy's headers. They are
-   used only once `read_arrays` has found them where they should be in live arrays (compiled.py
+   used only once `read_arrays` has found them where they should be in live arrays (native.py
    asks when it binds the MPI library); until then, or if not, the buffer protocol serves. */
 typedef struct {
     PyObject_HEAD
@@ -1348,7 +1348,7 @@ static PyTypeObject ShortcutType = {
 };
 
 /*
- * A persistent request's start() and wait() in C (executor.PersistentRequest, compiled.persistent_shortcut).
+ * A persistent request's start() and wait() in C (requests.PersistentRequest, native.persistent_shortcut).
  *
  *   req.start() ─► the communicator usable, the owner thread, nothing in flight, the request free
  *                  to start, its program live (and no MPIRING_CHECK: not made then)
@@ -1613,7 +1613,7 @@ static PyTypeObject PersistentType = {
 
 /* bind(startall, testall, waitall, get_count, isend, irecv, iprobe, request_size, status_size,
    datatype_size, request_offset, byte_type, any_source); a communicator's handle has the
-   datatype's size (compiled.py checks). */
+   datatype's size (native.py checks). */
 static PyObject *bind(PyObject *module, PyObject *args) {
     unsigned long long startall, testall, waitall, count, isend_address, irecv_address, iprobe_address, byte_type;
     Py_ssize_t request_size, status_size, datatype_size, request_offset;
@@ -1657,7 +1657,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.compiled).", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.native).", -1, module_methods,
 };
 
 static int intern_names(void) {

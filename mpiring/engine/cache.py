@@ -9,7 +9,7 @@ evict each other every call). Pinned entries (`pinned` > 0: something replays th
 directly, as the benchmark's ceiling does) are never evicted.
 
 `compiled` mirrors the schedules that have a C form, key -> Program: what the C Shortcut looks
-up (mpiring.engine.compiled), so that it reads no Python object of the cache.
+up (mpiring.engine.native), so that it reads no Python object of the cache.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 `Engine`, which does the rest behind a few entries:
 
 - `run(collective, x, out, op, root, counts, algorithm, timeout)`: a blocking call. It is the C
-  Shortcut (`compiled.shortcut`) where the extension was built and MPIRING_CHECK is off, which
+  Shortcut (`native.shortcut`) where the extension was built and MPIRING_CHECK is off, which
   takes a cached host call without entering Python and hands anything else to `run_in_python`;
   else `run_in_python` itself.
 - `start(...)`: a nonblocking call, as a `CollectiveRequest`.
@@ -37,11 +37,13 @@ import numpy
 from mpiring import identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.catalogue import CATALOGUE, SAME_SIZE_EVERYWHERE
-from mpiring.engine import compiled
+from mpiring.engine import native
 from mpiring.engine.cache import Cache, Seen
-from mpiring.engine.executor import CollectiveRequest, PersistentRequest, resume_recorded, run_recorded, run_to_end
 from mpiring.engine.farewell import say_farewell
 from mpiring.engine.plan import Plan, Sighting, build_plan
+from mpiring.engine.requests import CollectiveRequest, PersistentRequest
+from mpiring.engine.ring import Ring
+from mpiring.engine.run import resume_recorded, run_recorded, run_to_end
 from mpiring.engine.schedule import Schedule, Unschedulable, bindable, build_schedule, layout_key
 from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
@@ -56,7 +58,6 @@ from mpiring.errors import (
     RankLostError,
 )
 from mpiring.ops import SUM
-from mpiring.ring import Ring
 from mpiring.validation import check_algorithm, check_timeout
 
 
@@ -102,10 +103,10 @@ class Engine:
         self.freed = False
         self.cache = Cache()  # schedules (host) and plans (device) of repeated calls
         self._builders = builders
-        # a blocking call: a cached one in C where it can be (compiled.shortcut), else in Python
+        # a blocking call: a cached one in C where it can be (native.shortcut), else in Python
         self.run: Callable[..., Any] = self.run_in_python
         if check is None:
-            self.run = compiled.shortcut(self.cache.compiled, ring, self, self.run_in_python, self._after_shortcut,
+            self.run = native.shortcut(self.cache.compiled, ring, self, self.run_in_python, self._after_shortcut,
                                          YIELD_SECONDS)
 
     def free(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiring.ring import Ring
+from mpiring.engine.ring import Ring
 
 _NOTHING = bytearray(0)
 EXIT_SECONDS = 1.0  # the most a process waits at exit for peers' farewells (a peer may never free)

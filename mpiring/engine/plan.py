@@ -30,10 +30,10 @@ import numpy
 from mpi4py import MPI
 
 from mpiring.backend import NUMPY, NumpyBackend, binding
-from mpiring.engine import compiled
+from mpiring.engine import native
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step, without_posted
 from mpiring.ops import AVG, UFUNC_NAMES
-from mpiring.ring import Ring
 
 START, WAIT, WORK = 0, 1, 2
 Action = tuple[int, Any]  # (START, Step) | (WAIT, Step) | (WORK, function)
@@ -59,10 +59,10 @@ class Plan:
         # for it, do the work after it): the fast form, when no step is posted ahead of another
         self.prologue_works, self.exchanges = fuse(actions)
         # the exchanges replayed in C, if built
-        self.compiled = compiled.plan_program(self, self.prologue_works, self.exchanges, busy_poll)
+        self.compiled = native.plan_program(self, self.prologue_works, self.exchanges, busy_poll)
         if self.compiled is not None:  # its steps start in C too: cheaper than mpi4py's Startall of a
             for index, exchange in enumerate(self.exchanges):  # list, and sends made anew keep their handles
-                exchange[0].start = partial(compiled.start, self.compiled, index)
+                exchange[0].start = partial(native.start, self.compiled, index)
         self.result = result
         if self.compiled is not None:  # what its C wait returns (a persistent request's result)
             self.compiled.bind(None, result, 0, 0)
@@ -93,7 +93,7 @@ class Plan:
         """Whether these arrays are the plan's own (it no longer fits them: build it anew)."""
         return x is self.x and out is self.out
 
-    # ---- what the executor runs (mpiring.engine.schedule.Schedule has the same) ----
+    # ---- what mpiring.engine.run runs (mpiring.engine.schedule.Schedule has the same) ----
 
     @property
     def length(self) -> int | None:
@@ -118,10 +118,10 @@ class Plan:
         self.exchanges[index][0].start()
 
     def messages_only(self, x: Any, out: Any) -> Any:
-        """Its messages alone, compiled (executor.MessagesOnly); None where it replays in Python."""
+        """Its messages alone, compiled (requests.MessagesOnly); None where it replays in Python."""
         if self.compiled is None:
             return None
-        return compiled.plan_program(self, (), tuple(exchange[:4] + ((), ()) for exchange in self.exchanges),
+        return native.plan_program(self, (), tuple(exchange[:4] + ((), ()) for exchange in self.exchanges),
                                      self.compiled.busy)
 
     def run_result(self) -> Any:

@@ -17,8 +17,9 @@ of the recorded size, and x and out apart or the same).
 
 A schedule is a sequence of exchanges: post a step's messages (receives first), do the copies
 that may run while they fly, wait for them, check the bytes received, do the arithmetic. The
-C replay (mpiring.engine.compiled, _replay.c) and `run_exchanges` here are the same loop; where
-the C replay stops (a long wait, a wrong size, an MPI error) this one carries on.
+C replay (mpiring.engine.native, _replay.c) and the Python one here (mpiring.engine.run drives
+it) are the same loop; where the C replay stops (a long wait, a wrong size, an MPI error) this
+one carries on.
 
 Building sends no message: a schedule only records calls whose layout every rank knows alone, so
 one rank may replay while another builds, and they still agree on every message.
@@ -34,10 +35,10 @@ import numpy
 from mpi4py import MPI
 
 from mpiring.backend import NUMPY
-from mpiring.engine import compiled
+from mpiring.engine import native
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Step, Traffic, without_posted
 from mpiring.ops import AVG, UFUNC_NAMES
-from mpiring.ring import Ring
 
 ROOT_X, ROOT_OUT = 0, 1
 RESULT_NONE, RESULT_OUT, RESULT_X = 0, 1, 2
@@ -274,7 +275,7 @@ class Schedule:
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
         self._bytes: list[numpy.ndarray | None] = [None, None,
                                                    *(None if a is None else _as_bytes(a) for a in self.owned)]
-        self.compiled = compiled.program(self, ring.busy_poll)
+        self.compiled = native.program(self, ring.busy_poll)
 
     @staticmethod
     def _result_of(roots: _Roots, x: Any, out: Any, result: Any) -> tuple[int, Callable[[], Any] | None]:
@@ -294,17 +295,17 @@ class Schedule:
         raise Unschedulable("a result the call's arrays do not hold")
 
     def _works_of(self, works: tuple | list, roots: _Roots) -> tuple:
-        """Recorded work as the C replay takes it (compiled.work_spec), or a call on views of the
+        """Recorded work as the C replay takes it (native.work_spec), or a call on views of the
         bound arrays for what only NumPy does exactly. Work on empty arrays does nothing: dropped."""
         done = []
         for work in works:
             if work.kind == "expect":
-                done.append(compiled.expect_spec(roots.ref(work.arrays[0]), work.expected))
+                done.append(native.expect_spec(roots.ref(work.arrays[0]), work.expected))
                 continue
             if any(a.size == 0 for a in work.arrays):
                 continue
             refs = tuple(roots.ref(a) for a in work.arrays)
-            spec = compiled.work_spec(work.kind, work.op, work.arrays, refs, work.divisor)
+            spec = native.work_spec(work.kind, work.op, work.arrays, refs, work.divisor)
             if spec is None:
                 views = tuple((*ref, a.shape, a.strides, a.dtype) for ref, a in zip(refs, work.arrays, strict=True))
                 spec = partial(_work_on_views, self, work.kind, work.op, views, work.divisor)
@@ -382,7 +383,7 @@ class Schedule:
         as an unrecorded call does (its rest for this layout, run by its generator). The schedule
         goes stale: its key records the layout now in use at its next call, unless its layouts
         keep changing at once (then every call finishes this way)."""
-        from mpiring.engine.executor import run_to_end  # (the executor runs schedules: imported late)
+        from mpiring.engine.run import run_to_end  # (run.py runs schedules: imported late)
 
         # a layout kept for a few calls starts the count again; one that changes at once adds to it
         runs = self.runs
@@ -404,7 +405,7 @@ class Schedule:
             return roots[ROOT_OUT]
         return roots[ROOT_X] if self.result_kind == RESULT_X else None
 
-    # ---- the Python replay (executor.run_exchanges drives it; _replay.c does the same) ----
+    # ---- the Python replay (run.run_exchanges drives it; _replay.c does the same) ----
 
     @property
     def length(self) -> int:
@@ -426,7 +427,7 @@ class Schedule:
     def start_messages(self, index: int) -> None:
         program = self.compiled
         if program is not None:
-            compiled.start(program, index)
+            native.start(program, index)
             return
         exchange = self.exchanges[index]
         requests, comm, tag, roots = exchange.step.requests, self.comm, self.call.tag, self._bytes
@@ -436,8 +437,8 @@ class Schedule:
             requests[m.index] = (comm.Irecv if m.receive else comm.Isend)([buf, MPI.BYTE], m.peer, tag + m.tag)
 
     def messages_only(self, x: Any, out: Any) -> Any:
-        """Its messages alone, compiled and bound to these arrays (executor.MessagesOnly); None in Python."""
-        program = compiled.program(self, self.compiled is not None and self.compiled.busy, with_work=False)
+        """Its messages alone, compiled and bound to these arrays (requests.MessagesOnly); None in Python."""
+        program = native.program(self, self.compiled is not None and self.compiled.busy, with_work=False)
         if program is not None:
             if out is None and self.allocate is not None:
                 out = self.allocate()
@@ -489,7 +490,7 @@ def _do(schedule: Schedule, work: Any) -> None:
     if callable(work):
         work()
     else:
-        compiled.work_in_python(schedule.bound_roots(), work)
+        native.work_in_python(schedule.bound_roots(), work)
 
 
 def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, divisor: int) -> None:

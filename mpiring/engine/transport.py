@@ -37,7 +37,7 @@ def shift_windows(size: int, window: int) -> Iterator[range]:
     return (range(first, min(first + window, size)) for first in range(1, size, window))
 
 
-@dataclass(slots=True)  # slots: compiled.shortcut counts into them
+@dataclass(slots=True)  # slots: native.shortcut counts into them
 class Traffic:
     """What this communicator has handed to MPI since it was made (or last reset)."""
 

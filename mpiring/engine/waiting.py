@@ -25,6 +25,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpiring.engine.ring import InFlight, Ring
 from mpiring.engine.transport import Call, Step, check_sizes, mpi_error
 from mpiring.errors import (
     CollectiveTimeout,
@@ -33,7 +34,6 @@ from mpiring.errors import (
     MessageMismatchError,
     RankLostError,
 )
-from mpiring.ring import InFlight, Ring
 
 # A timed wait offers the core between tests this long, then pauses between them (poll).
 YIELD_SECONDS = 10e-3
@@ -146,7 +146,7 @@ def poll(ring: Ring, step: Step, statuses: list[MPI.Status] | None, call: Call, 
     as soon as it lands; oversubscribed ranks get to do the work this one waits for); after
     that, pause 10 us doubling to 1 ms between tests, so a long wait costs little CPU, and look
     for messages of another call from the peers it waits for (_Watch). `waited`: seconds the
-    compiled replay already spent on this step the first way (mpiring.engine.compiled)."""
+    compiled replay already spent on this step the first way (mpiring.engine.native)."""
     now = time.monotonic() - waited
     deadline, yield_until = now + call.timeout, now + YIELD_SECONDS
     watch = None  # made once the wait is long (small calls pay nothing for it)

@@ -80,7 +80,7 @@ def _make_backend(device_id: int, path: str) -> Any:
     import cupy
 
     from mpiring.gpu.backend import CupyBackend, StagedCupyBackend
-    from mpiring.gpu.engine import CupyCopyEngine
+    from mpiring.gpu.copy_streams import CupyCopyEngine
 
     engine = CupyCopyEngine(cupy, device_id)
     name = f"cupy (GPU {device_id})"
@@ -93,7 +93,7 @@ def _make_ipc_backend(device_id: int, fallback: Any) -> Any:
     import cupy
 
     from mpiring.gpu.backend import IpcCupyBackend
-    from mpiring.gpu.engine import CupyIpcEngine
+    from mpiring.gpu.copy_streams import CupyIpcEngine
 
     engine = CupyIpcEngine(cupy, device_id)
     return IpcCupyBackend(cupy, engine.device, engine, fallback, name=f"cupy (GPU {device_id}, ipc)")

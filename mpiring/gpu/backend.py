@@ -24,12 +24,12 @@ from typing import Any
 import numpy
 from mpi4py import MPI
 
+from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Step
 from mpiring.gpu.host_route import HostRoute, host_bytes_from_env
 from mpiring.gpu.ipc import IpcEngine, IpcTransfer
 from mpiring.gpu.staging import CopyEngine, PinnedPool, StagedTransfer, record_staged_step, segment_bytes_from_env
 from mpiring.ops import AVG, UFUNC_NAMES
-from mpiring.ring import Ring
 
 _EMPTY = numpy.empty(0, numpy.uint8)  # zero-byte messages: never hand MPI a (possibly null) device pointer
 

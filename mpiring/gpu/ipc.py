@@ -45,7 +45,7 @@ class IpcBlock(Protocol):
 
 
 class IpcEngine(Protocol):
-    """The CUDA operations the IPC path needs (mpiring.gpu.engine.CupyIpcEngine on a GPU)."""
+    """The CUDA operations the IPC path needs (mpiring.gpu.copy_streams.CupyIpcEngine on a GPU)."""
 
     def ipc_block(self, nbytes: int) -> IpcBlock:
         """A new device block of nbytes that peers can open."""

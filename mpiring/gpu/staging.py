@@ -27,7 +27,7 @@ cuts each step into rounds of segments, each round a step of the plan with persi
 on pinned blocks the plan owns, and the copies its work (`StagedSchedule`, at the end of this
 module). The same overlap, without a transfer object, pool or segment arithmetic per call.
 
-All CUDA work goes through a `CopyEngine` (mpiring.gpu.engine.CupyCopyEngine on a GPU); tests
+All CUDA work goes through a `CopyEngine` (mpiring.gpu.copy_streams.CupyCopyEngine on a GPU); tests
 drive the same pipeline with a fake engine on host arrays.
 """
 

@@ -7,7 +7,7 @@ order, waited for the same way, the same byte counts checked, the same work done
 arithmetic in C exactly as NumPy does them, the rest as calls). A wait longer than `spin`, a
 wrong byte count or an MPI error goes back to Python (waiting.poll, check_sizes, mpi_error), so
 timeouts, mismatch detection and error messages stay in one place. Without the extension, or
-with MPIRING_COMPILED=0, everything runs in Python (schedule.py, executor.py), from the same
+with MPIRING_COMPILED=0, everything runs in Python (schedule.py, run.py), from the same
 recorded data: `work_in_python` does a C work item's arithmetic in NumPy.
 """
 

@@ -1,5 +1,5 @@
 """The ring: a communicator seen as a ring of ranks, and the state of one communicator that the
-engine (mpiring.engine) works on.
+rest of the engine (mpiring.engine) works on.
 
           left = rank-1                      right = rank+1
     ... ──────────────► [ rank ] ──────────────► ...        (indices mod size)
@@ -12,7 +12,8 @@ flight, why the ring broke. Where the rest lives:
     mpiring.engine.transport   Step, Call, Traffic; a step's requests; MPI errors in words
     mpiring.engine.waiting     how a wait behaves: timeouts, notices, mismatches
     mpiring.engine.scratch     the pool behind `scratch`
-    mpiring.engine.executor    runs a call: its generator (blocking or nonblocking) or its plan
+    mpiring.engine.run         runs a call to its end: its generator, or its schedule or plan
+    mpiring.engine.requests    nonblocking and persistent calls: their requests
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _FIRST_CLAIM = threading.Lock()
 
 class InFlight(Protocol):
     """A nonblocking collective or a started persistent request not yet done
-    (mpiring.engine.executor's CollectiveRequest and PersistentRequest)."""
+    (mpiring.engine.requests' CollectiveRequest and PersistentRequest)."""
 
     holds: int  # the bytes of its arrays, counted against Ring.in_flight_bytes
 
@@ -68,7 +69,7 @@ class Ring:
         self.size = comm.Get_size()
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
-        self.traffic = Traffic()  # reset, never replaced: compiled.shortcut holds it (as in_flight)
+        self.traffic = Traffic()  # reset, never replaced: native.shortcut holds it (as in_flight)
         # MPI attaches MPI_TAG_UB to COMM_WORLD; Open MPI's split communicators do not carry it
         tag_ub = comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.tags = Tags(int(tag_ub) if tag_ub else None)
