@@ -9,9 +9,7 @@ by step from the returned request's test()/wait(). Names follow mpi4py's lowerca
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -22,7 +20,7 @@ from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE
 from mpiring.engine.engine import Built, Engine, counts_key, counts_pair
-from mpiring.engine.farewell import leaving, let_go
+from mpiring.engine.farewell import communicator_made, let_go
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan
 from mpiring.engine.ring import IN_FLIGHT_BYTES, Ring
@@ -86,7 +84,7 @@ class Communicator(BufferAPI):
             timeout = math.inf  # every wait polls, so that a loss can end it (Engine.limit)
         self._mpi = base
         let_go()  # communicators freed earlier whose peers' farewells have come since
-        with _communicator_made():
+        with communicator_made():
             private = base.Dup()
         self._ring = Ring(private)
         self._ring.describe = identity.describe
@@ -94,7 +92,7 @@ class Communicator(BufferAPI):
         self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
                                       or IN_FLIGHT_BYTES)
         try:
-            with _communicator_made():
+            with communicator_made():
                 self._ring.nodes, self._ring.node_local, cores_for_all = topology.discover(self._ring.comm)
         except CommunicationError:
             private.Free()
@@ -119,7 +117,7 @@ class Communicator(BufferAPI):
     def timeout(self, seconds: float | None) -> None:
         self._engine.timeout = math.inf if seconds is None and self._ring.liveness is not None else seconds
 
-    # ---- surviving a lost rank (docs/lost-rank.md) ----
+    # ---- surviving a lost rank (docs/lost-rank.md; the work is mpiring.survival's) ----
 
     def _start_watching(self) -> None:
         """Connect to every peer (collective) and watch them: a loss takes every later call off the
@@ -136,31 +134,23 @@ class Communicator(BufferAPI):
     def lost(self) -> list[int]:
         """The ranks this rank knows to be lost, in this communicator's numbers (ULFM's
         MPI_Comm_get_failed); always empty without survival."""
-        liveness = self._ring.liveness
-        return [] if liveness is None else sorted(liveness.lost)
+        return survival.lost(self._ring.liveness)
 
     def is_revoked(self) -> bool:
         """Whether this communicator was revoked, here or by a peer (ULFM's MPI_Comm_is_revoked)."""
-        liveness = self._ring.liveness
-        return liveness is not None and liveness.revoked
+        return survival.is_revoked(self._ring.liveness)
 
     def revoke(self) -> None:
         """Revoke the communicator (ULFM's MPI_Comm_revoke; not collective): every rank's call waiting
         on it ends with CommunicatorRevokedError (or RankLostError where a rank is lost), and it takes
         only agree(), shrink() and free() from then on. Needs survival (it travels on its connections)."""
-        self._surviving("revoke")
-        self._ring.liveness.revoke()
+        survival.revoke(self._ring.liveness)
 
     def agree(self, flag: int = 1) -> int:
         """The bitwise AND of `flag` over the live ranks, the same on every one of them, even when ranks
         are lost before or during it (ULFM's MPI_Comm_agree; collective over the survivors). Works
         on a failed or revoked communicator. Without survival it is an allreduce with BAND."""
-        value = _flag("agree", flag)
-        liveness = self._ring.liveness
-        if liveness is None:
-            return int(self._mpi.allreduce(value, op=MPI.BAND))
-        self._ring.claim("agree")
-        return int(liveness.agree(value)[0])
+        return survival.agree(self._ring, self._mpi, flag)
 
     def shrink(self) -> Communicator:
         """A new Communicator of the live ranks, in the same order, every survivor agreeing on who
@@ -178,16 +168,7 @@ class Communicator(BufferAPI):
 
     def acknowledge_lost(self) -> int:
         """Acknowledge the ranks lost so far (ULFM's MPI_Comm_ack_failed); returns how many."""
-        liveness = self._ring.liveness
-        if liveness is None:
-            return 0
-        liveness.acknowledged = set(liveness.lost)
-        return len(liveness.acknowledged)
-
-    def _surviving(self, what: str) -> None:
-        if self._ring.liveness is None:
-            raise ArgumentError(what, "survive", "this communicator was made without survival (make it with "
-                                "survive=True, or set MPIRING_SURVIVE=1; docs/lost-rank.md)")
+        return survival.acknowledge_lost(self._ring.liveness)
 
     @property
     def rank(self) -> int:
@@ -487,29 +468,7 @@ _VARIANT_NOTES = {
     "alltoallv_init": "Give `recv_counts` to have it planned (without them every start() exchanges the "
                       "counts first).",
 }
-
-
-def _variant(name: str, kind: str) -> Any:
-    """`i<name>` (kind "start") or `<name>_init` (kind "persistent"): the blocking method's
-    parameters, handed to the engine's `start` or `persistent`."""
-    parameters = entry_points.parameters_of(getattr(Communicator, name))
-    given = {p.name for p in parameters}
-    counts = "(send_counts, recv_counts)" if "send_counts" in given else "counts" if "counts" in given else "None"
-    arguments = [repr(name), *(a if a in given else "None" for a in ("x", "out", "op", "root")), counts,
-                 "algorithm", "timeout"]
-    method_name, form, returns = ((f"i{name}", "Nonblocking", "CollectiveRequest") if kind == "start" else
-                                  (f"{name}_init", "Persistent", "PersistentRequest"))
-    note = _VARIANT_NOTES.get(method_name)
-    return entry_points.method(Communicator, method_name, parameters,
-                               f"return self._engine.{kind}({', '.join(arguments)})",
-                               f"{form} `{name}`." + (f" {note}" if note else ""), returns, __name__)
-
-
-for _name in CATALOGUE:
-    for _kind in ("start", "persistent"):
-        _method = _variant(_name, _kind)
-        setattr(Communicator, _method.__name__, _method)
-del _name, _kind, _method
+entry_points.add_variants(Communicator, CATALOGUE, _VARIANT_NOTES)
 
 
 def _plannable(backend: Any, x: Any) -> bool:
@@ -517,35 +476,3 @@ def _plannable(backend: Any, x: Any) -> bool:
     staged path (not IPC: `plannable`), with the (checked) input C-contiguous, since the plan
     reads it in place. That the caller passed arrays, not array-likes, is _caller_arrays' to check."""
     return backend.plannable and (x is None or x.flags.c_contiguous)
-
-
-@contextlib.contextmanager
-def _communicator_made() -> Iterator[None]:
-    """Around an MPI call that makes a communicator: MPI's error, most often that every context
-    id is in use, becomes CommunicationError."""
-    try:
-        yield
-    except MPI.Exception as error:
-        waiting = f"; {leaving()} freed here still wait for a peer's free()" if leaving() else ""
-        raise CommunicationError(
-            "Communicator", f"MPI could not make a communicator ({_last_line(error.Get_error_string())}{waiting}); "
-            "if the program makes many, free() each one it no longer needs on every rank, or use "
-            "`with mpiring.Communicator() as comm:`",
-        ) from error
-
-
-def _last_line(text: str) -> str:
-    """The most specific part of an MPI error stack (MPICH puts it last, after the call chain)."""
-    line = text.strip().splitlines()[-1]
-    return line.split(": ", 1)[-1].strip() if ": " in line else line
-
-
-def _flag(what: str, flag: Any) -> int:
-    """agree's flag as an int (a bool or an integer; ULFM's is an int)."""
-    if isinstance(flag, bool):
-        return int(flag)
-    if not isinstance(flag, int):
-        raise ArgumentError(what, "flag", f"must be an int or a bool, got {flag!r}")
-    if not -2**63 <= flag < 2**63:
-        raise ArgumentError(what, "flag", f"must fit in 64 bits, got {flag!r}")
-    return flag

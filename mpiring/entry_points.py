@@ -42,3 +42,22 @@ def method(owner: type, name: str, parameters: Sequence[inspect.Parameter], body
 def parameters_of(function: Callable[..., Any]) -> list[inspect.Parameter]:
     """A method's parameters after `self`."""
     return list(inspect.signature(function).parameters.values())[1:]
+
+
+def add_variants(owner: type, names: Sequence[str], notes: dict[str, str]) -> None:
+    """Give `owner` `i<name>` and `<name>_init` for each blocking method `name`: its parameters,
+    handed to the engine's `start` or `persistent` (`notes`: what a variant's docstring adds)."""
+    for name in names:
+        parameters = parameters_of(getattr(owner, name))
+        given = {p.name for p in parameters}
+        counts = ("(send_counts, recv_counts)" if "send_counts" in given else "counts" if "counts" in given
+                  else "None")
+        arguments = [repr(name), *(a if a in given else "None" for a in ("x", "out", "op", "root")), counts,
+                     "algorithm", "timeout"]
+        for kind, method_name, form, returns in (("start", f"i{name}", "Nonblocking", "CollectiveRequest"),
+                                                 ("persistent", f"{name}_init", "Persistent", "PersistentRequest")):
+            note = notes.get(method_name)
+            setattr(owner, method_name, method(owner, method_name, parameters,
+                                               f"return self._engine.{kind}({', '.join(arguments)})",
+                                               f"{form} `{name}`." + (f" {note}" if note else ""), returns,
+                                               owner.__module__))

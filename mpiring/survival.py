@@ -36,7 +36,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring import environment
-from mpiring.errors import CommunicatorRevokedError, RankLostError
+from mpiring.errors import ArgumentError, CommunicatorRevokedError, RankLostError
 
 # How often each rank tells its peers it is alive (a one-byte frame on each connection).
 HEARTBEAT_SECONDS = 0.25
@@ -455,6 +455,41 @@ atexit.register(_at_exit)
 _SHRINK_TAG = 7000
 
 
+def lost(liveness: Liveness | None) -> list[int]:
+    """Communicator.lost: the ranks known lost, sorted (none without survival)."""
+    return [] if liveness is None else sorted(liveness.lost)
+
+
+def is_revoked(liveness: Liveness | None) -> bool:
+    """Communicator.is_revoked."""
+    return liveness is not None and liveness.revoked
+
+
+def revoke(liveness: Liveness | None) -> None:
+    """Communicator.revoke: refused by name on a communicator without survival."""
+    if liveness is None:
+        raise ArgumentError("revoke", "survive", "this communicator was made without survival (make it with "
+                            "survive=True, or set MPIRING_SURVIVE=1; docs/lost-rank.md)")
+    liveness.revoke()
+
+
+def agree(ring: Any, mpi: MPI.Intracomm, flag: Any) -> int:
+    """Communicator.agree: over the watchers' connections, or MPI's allreduce with BAND without survival."""
+    value = _flag("agree", flag)
+    if ring.liveness is None:
+        return int(mpi.allreduce(value, op=MPI.BAND))
+    ring.claim("agree")
+    return int(ring.liveness.agree(value)[0])
+
+
+def acknowledge_lost(liveness: Liveness | None) -> int:
+    """Communicator.acknowledge_lost: how many ranks are acknowledged lost now."""
+    if liveness is None:
+        return 0
+    liveness.acknowledged = set(liveness.lost)
+    return len(liveness.acknowledged)
+
+
 def shrink(liveness: Liveness, comm: MPI.Intracomm, make: Any) -> Any:
     """The survivors' new communicator (Communicator.shrink): agree on who is lost, make an MPI
     communicator of the others (MPI_Comm_create_group, collective over them alone) and `make`
@@ -492,3 +527,14 @@ def shrink(liveness: Liveness, comm: MPI.Intracomm, make: Any) -> Any:
         if "error" in made:
             raise made["error"]
         return made["communicator"]
+
+
+def _flag(what: str, flag: Any) -> int:
+    """agree's flag as an int (a bool or an integer; ULFM's is an int)."""
+    if isinstance(flag, bool):
+        return int(flag)
+    if not isinstance(flag, int):
+        raise ArgumentError(what, "flag", f"must be an int or a bool, got {flag!r}")
+    if not -2**63 <= flag < 2**63:
+        raise ArgumentError(what, "flag", f"must fit in 64 bits, got {flag!r}")
+    return flag

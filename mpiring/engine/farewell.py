@@ -25,14 +25,16 @@ tag-receive descriptor ... was not matched").
 from __future__ import annotations
 
 import atexit
+import contextlib
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from mpi4py import MPI
 
 from mpiring.engine.ring import Ring
+from mpiring.errors import CommunicationError
 
 _NOTHING = bytearray(0)
 EXIT_SECONDS = 1.0  # the most a process waits at exit for peers' farewells (a peer may never free)
@@ -110,3 +112,24 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+@contextlib.contextmanager
+def communicator_made() -> Iterator[None]:
+    """Around an MPI call that makes a communicator: MPI's error, most often that every context
+    id is in use, becomes CommunicationError."""
+    try:
+        yield
+    except MPI.Exception as error:
+        waiting = f"; {leaving()} freed here still wait for a peer's free()" if leaving() else ""
+        raise CommunicationError(
+            "Communicator", f"MPI could not make a communicator ({last_line(error.Get_error_string())}{waiting}); "
+            "if the program makes many, free() each one it no longer needs on every rank, or use "
+            "`with mpiring.Communicator() as comm:`",
+        ) from error
+
+
+def last_line(text: str) -> str:
+    """The most specific part of an MPI error stack (MPICH puts it last, after the call chain)."""
+    line = text.strip().splitlines()[-1]
+    return line.split(": ", 1)[-1].strip() if ": " in line else line
