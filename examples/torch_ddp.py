@@ -175,7 +175,8 @@ def ddp_runs(args: argparse.Namespace, groups: dict, data: torch.Tensor, vocab: 
     runs, results = [], []
     for name, group in groups.items():
         for hook in hooks:
-            net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group)
+            net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group,
+                                                            bucket_cap_mb=args.bucket_mb)
             spent, log = [0.0], [] if hook == "async" else None
             if hook == "timing":
                 net.register_comm_hook(None, timing_hook(group, spent))
@@ -252,6 +253,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--default-hook", action="store_true", help="DDP's own all-reduce hook (not timed)")
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's own)")
     p.add_argument("--overlap", action="store_true",
                    help="each backend with the timing hook and an async hook: the all-reduce time backward hides")
     args = p.parse_args()

@@ -5,10 +5,11 @@ torch.distributed writes in place, so no data is copied on the way in or out, ex
 call gives a list of separate tensors (allgather, gather, scatter, reduce_scatter, alltoall of
 lists), which run on one temporary buffer copied from or into them. A call made with
 async_op=False runs mpiring's blocking collective (planned after its second call with the same
-tensors). Every collective runs on the group's progress thread (mpiring.torch.progress), the
-one thread that calls its Communicator, in the order the calls were issued: with
-async_op=False the caller waits for it; with async_op=True it gets at once a Work whose
-future the thread completes (mpiring.torch.work). The checks the group makes itself (sizes,
+tensors). Every collective is a job of the group's Progress (mpiring.torch.progress): with
+MPIRING_TORCH_PROGRESS=1 its thread, the one thread that calls the Communicator, runs them in
+the order they were issued (async_op=False: the caller waits for it; async_op=True: the caller
+gets at once a Work whose future the thread completes, mpiring.torch.work); without it they
+run in the caller's thread at once. The checks the group makes itself (sizes,
 dtypes, ops) raise in the caller before anything is queued; mpiring's own argument errors
 and any failure of the call reach the caller through wait() or the future.
 send and recv use MPI's own point-to-point messages on a private duplicate of the communicator.
@@ -54,7 +55,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
 
     def __init__(self, comm: mpiring.Communicator) -> None:
         super().__init__(comm.rank, comm.size)
-        self.comm = comm  # the mpiring Communicator this group runs on: only its progress thread calls it
+        self.comm = comm  # the mpiring Communicator this group runs on: only its progress thread (if any) calls it
         self.progress = Progress(f"mpiring.torch progress {id(self):x}", threaded=wanted())
         self._p2p = comm.mpi.Dup()  # send/recv: their own context, apart from the caller's and mpiring's
         self._group_name = ""

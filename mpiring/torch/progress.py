@@ -9,8 +9,12 @@ the order they were issued (the same on every rank, as every rank issues the sam
 completes each job's torch Future with its result or its exception. Idle, the thread blocks on
 the queue; while a job runs, it waits as mpiring's calls wait (docs/engine.md, busy polling).
 
-`MPIRING_TORCH_PROGRESS=0` runs the jobs in the calling thread instead, at once (the futures are
-done when the call returns; nothing overlaps, and the group takes calls from one thread only).
+The thread is opt-in (`MPIRING_TORCH_PROGRESS=1`, read when a group is made): on a machine with
+a core per rank it hid no all-reduce time (the all-reduce's copies and sums need the core the
+backward pass computes on) and each blocking call pays the hand-over to the thread
+(docs/pytorch-and-jax.md, section 3). Without it the jobs run in the calling thread at once: the
+futures are done when the call returns, nothing overlaps, and a group takes calls from one
+thread only (mpiring's ConcurrentUseError).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ _live: weakref.WeakSet[Progress] = weakref.WeakSet()  # threads still serving, c
 
 
 def wanted() -> bool:
-    """Whether process groups made now get a progress thread (MPIRING_TORCH_PROGRESS, default yes)."""
-    return environment.flag("MPIRING_TORCH_PROGRESS", "mpiring.torch") is not False
+    """Whether process groups made now get a progress thread (MPIRING_TORCH_PROGRESS, default no)."""
+    return environment.flag("MPIRING_TORCH_PROGRESS", "mpiring.torch") is True
 
 
 class Progress:
