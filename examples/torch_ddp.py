@@ -4,6 +4,7 @@ backend and over gloo, or sharded with FSDP over mpiring (docs/pytorch-and-jax.m
 
     mpirun -n 2 python examples/torch_ddp.py                     # DDP on mpiring and on gloo, step by step
     mpirun -n 2 python examples/torch_ddp.py --backend mpiring   # one of them
+    mpirun -n 2 python examples/torch_ddp.py --overlap           # how much all-reduce time backward hides
     mpirun -n 2 python examples/torch_ddp.py --fsdp              # FSDP (fully_shard) on mpiring,
                                                                  # against one process on every rank's batches
 
@@ -15,6 +16,16 @@ a DDP communication hook times each bucket's all-reduce to completion (which mak
 all-reduces wait as mpiring's do; --default-hook keeps DDP's own hook, untimed, for tokens/s
 alone). Both backends start from the same weights and see the same data, so their losses agree
 to rounding (the two sum in different orders; --dtype float64 makes the difference ~1e-15).
+
+--overlap trains four models in turn: each backend with the timing hook (every all-reduce waited
+for in the hook: nothing overlaps) and with an async hook (DDP's own, plus timestamps: the
+bucket's all-reduce is launched and backward goes on). It prints, per backend, the backward
+pass's time with each hook (loss.backward() returns once DDP has every bucket's result), and the
+share of the all-reduce time hidden: (backward with the timing hook - backward with the async
+hook) / (all-reduce time of the timing hook), the all-reduce time that disappeared from the step.
+It also prints the exposed tail of the async runs: per step, from the launch of the last bucket
+(its gradients are the last computed, so backward's compute is over) to the end of the last
+all-reduce, which is what backward still waits for.
 """
 
 from __future__ import annotations
@@ -100,25 +111,52 @@ def timing_hook(group: dist.ProcessGroup, spent: list[float]):  # noqa: ANN201
     return hook
 
 
-class Run:
-    """One model in training: its optimizer, losses and the seconds its timed steps took."""
+def async_hook(group: dist.ProcessGroup, log: list[tuple[float, float]]):  # noqa: ANN201
+    """DDP's own all-reduce hook (the bucket divided by the ranks, all-reduced with async_op),
+    logging each bucket's (launch, completion) times."""
+    size = group.size()
 
-    def __init__(self, net: torch.nn.Module, args: argparse.Namespace, data_of) -> None:  # noqa: ANN001
-        self.net, self.data_of = net, data_of
+    def hook(state, bucket):  # noqa: ANN001, ANN202
+        buffer = bucket.buffer().div_(size)
+        launched = time.perf_counter()
+
+        def done(future):  # noqa: ANN001, ANN202 - runs where the backend completes the future
+            log.append((launched, time.perf_counter()))
+            return future.value()[0]
+
+        return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(done)
+
+    return hook
+
+
+class Run:
+    """One model in training: its optimizer, losses, the seconds its timed steps took and their
+    backward passes took, and (with async_hook's `log`) the exposed tail of its all-reduces."""
+
+    def __init__(self, net: torch.nn.Module, args: argparse.Namespace, data_of,  # noqa: ANN001
+                 log: list[tuple[float, float]] | None = None) -> None:
+        self.net, self.data_of, self.log = net, data_of, log
         self.optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr)
         self.losses: list[float] = []
-        self.seconds = 0.0
+        self.seconds = self.backward_s = self.exposed_s = 0.0
 
     def step(self, step: int) -> None:
         start = time.perf_counter()
         x, y = self.data_of(step)
         loss = F.cross_entropy(self.net(x).flatten(0, 1).float(), y.flatten())
         self.optimizer.zero_grad(set_to_none=True)
+        if self.log is not None:
+            self.log.clear()
+        backward = time.perf_counter()
         loss.backward()
+        ended = time.perf_counter()
         self.optimizer.step()
         self.losses.append(loss.item())
         if step > 0:  # step 0 warms up (first plans, allocations): not timed
             self.seconds += time.perf_counter() - start
+            self.backward_s += ended - backward
+            if self.log:
+                self.exposed_s += max(done for _, done in self.log) - max(launched for launched, _ in self.log)
 
 
 def train(runs: list[Run], steps: int) -> None:
@@ -130,19 +168,41 @@ def train(runs: list[Run], steps: int) -> None:
 
 
 def ddp_runs(args: argparse.Namespace, groups: dict, data: torch.Tensor, vocab: int) -> list[dict]:
+    """Every (backend, hook) run, trained in turn: the timing hook, DDP's own (--default-hook), or
+    both the timing hook and async_hook (--overlap)."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    runs, spent = [], {}
+    hooks = ("timing", "async") if args.overlap else ("own",) if args.default_hook else ("timing",)
+    runs, results = [], []
     for name, group in groups.items():
-        net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group)
-        spent[name] = [0.0]
-        if not args.default_hook:
-            net.register_comm_hook(None, timing_hook(group, spent[name]))
-        runs.append(Run(net, args, lambda step: batches(data, args, rank, step)))
+        for hook in hooks:
+            net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group,
+                                                            bucket_cap_mb=args.bucket_mb)
+            spent, log = [0.0], [] if hook == "async" else None
+            if hook == "timing":
+                net.register_comm_hook(None, timing_hook(group, spent))
+            elif hook == "async":
+                net.register_comm_hook(None, async_hook(group, log))
+            runs.append(Run(net, args, lambda step: batches(data, args, rank, step), log))
+            results.append({"name": name, "hook": hook, "spent": spent})
     train(runs, args.steps)
     tokens = args.steps * args.batch * args.context * size
-    return [{"name": name, "losses": run.losses, "tokens_per_s": tokens / run.seconds, "seconds": run.seconds,
-             "comm_s": None if args.default_hook else spent[name][0] * args.steps / (args.steps + 1)}
-            for name, run in zip(groups, runs, strict=True)]
+    for result, run in zip(results, runs, strict=True):
+        comm_s = result.pop("spent")[0] * args.steps / (args.steps + 1) if result["hook"] == "timing" else None
+        result.update(losses=run.losses, tokens_per_s=tokens / run.seconds, seconds=run.seconds, comm_s=comm_s,
+                      backward_s=run.backward_s, exposed_s=run.exposed_s if run.log is not None else None)
+    return results
+
+
+def report_overlap(runs: list[dict]) -> None:
+    """Per backend: the share of the timing hook's all-reduce time that the async hook hid."""
+    for name in dict.fromkeys(run["name"] for run in runs):
+        timed, overlapped = (next(r for r in runs if r["name"] == name and r["hook"] == hook)
+                             for hook in ("timing", "async"))
+        hidden = (timed["backward_s"] - overlapped["backward_s"]) / timed["comm_s"]
+        print(f"  {name:8s} backward {timed['backward_s']:.3f} s (timing hook, all-reduce {timed['comm_s']:.3f} s) "
+              f"-> {overlapped['backward_s']:.3f} s (async hook): {100 * hidden:.0f}% of the all-reduce time hidden; "
+              f"exposed tail {overlapped['exposed_s']:.3f} s ({100 * overlapped['exposed_s'] / timed['comm_s']:.0f}% "
+              "of it)")
 
 
 def fsdp_run(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
@@ -193,6 +253,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--default-hook", action="store_true", help="DDP's own all-reduce hook (not timed)")
+    p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's own)")
+    p.add_argument("--overlap", action="store_true",
+                   help="each backend with the timing hook and an async hook: the all-reduce time backward hides")
     args = p.parse_args()
     args.dtype = getattr(torch, args.dtype)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_ranks())))
@@ -216,13 +279,16 @@ def main() -> None:
         for run in runs:
             comm = "" if run["comm_s"] is None else (f", all-reduce {run['comm_s']:.2f} s of {run['seconds']:.2f} s "
                                                      f"({100 * run['comm_s'] / run['seconds']:.0f}%)")
-            print(f"  {run['name']:8s} loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}, "
-                  f"{run['tokens_per_s']:,.0f} tokens/s{comm}")
-        if len(runs) == 2:
-            diff = max(abs(a - b) for a, b in zip(runs[0]["losses"], runs[1]["losses"], strict=True))
+            print(f"  {run['name']:8s} {run['hook']:6s} hook: loss {run['losses'][0]:.4f} -> "
+                  f"{run['losses'][-1]:.4f}, {run['tokens_per_s']:,.0f} tokens/s{comm}")
+        if len({run["name"] for run in runs}) == 2:
+            diff = max(abs(a - b) for mine, theirs in zip(runs[: len(runs) // 2], runs[len(runs) // 2 :], strict=True)
+                       for a, b in zip(mine["losses"], theirs["losses"], strict=True))
             scale = max(abs(v) for v in runs[0]["losses"])
             print(f"  largest loss difference mpiring vs gloo: {diff:.3g} ({diff / scale:.2g} relative)"
                   + ("" if math.isfinite(diff) else " (not finite!)"))
+        if args.overlap:
+            report_overlap(runs)
     dist.destroy_process_group()
 
 

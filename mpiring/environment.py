@@ -27,6 +27,8 @@
     MPIRING_SURVIVAL_ADDRESS   an address        a surviving one is made      where other machines reach this rank
     MPIRING_HUGE_PAGES         yes/no            a large host array is made   0: no 2 MiB pages (mpiring.host_memory)
     MPIRING_FABRIC             a file            the cost model loads one     the calibrated fabric (mpiring.cost_model)
+    MPIRING_TORCH_PROGRESS     yes/no            a torch process group made   1: a progress thread runs its collectives
+                                                                               (mpiring.torch; default: no)
 
 yes/no: 1, true, yes, on or 0, false, no, off, in any case; unset or empty means "not set".
 Anything else raises ArgumentError naming the variable, before any message moves.

@@ -6,6 +6,9 @@ a one-process run of the same steps. CUDA tensors: skipped without a GPU. World 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -249,6 +252,117 @@ def test_subgroup():
         assert torch.equal(t, torch.full((2,), float(sum(members))))
 
 
+# ---- the progress thread (MPIRING_TORCH_PROGRESS=1): async calls go on by themselves, from any thread ----
+
+@pytest.fixture(scope="module")
+def threaded(world):
+    """A group of every rank with a progress thread (the default group has one only where the
+    whole run sets MPIRING_TORCH_PROGRESS=1)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPIRING_TORCH_PROGRESS", "1")
+        group = dist.new_group(backend="mpiring")
+    assert group.progress.threaded
+    return group
+
+
+@pytest.fixture(params=["default", "threaded"])
+def group(request):
+    """The default group (as the run sets it) and a group with a progress thread."""
+    return request.getfixturevalue("threaded") if request.param == "threaded" else dist.group.WORLD
+
+
+def test_async_futures_complete_while_the_caller_works(threaded):
+    t = tensor(50, (1 << 16,), "float32")
+    work = dist.all_reduce(t, async_op=True, group=threaded)
+    future = work.get_future()
+    a = torch.randn(64, 64)
+    deadline = time.monotonic() + 60
+    while not future.done() and time.monotonic() < deadline:  # never waits: only the thread moves it
+        a = torch.tanh(a @ a)
+    assert future.done() and work.is_completed()
+    assert future.value() == [t]
+    np.testing.assert_allclose(t.numpy(), numpy_reduce("sum", all_inputs(50, N, (1 << 16,), "float32")), rtol=1e-5)
+
+
+def test_calls_from_another_thread(threaded):
+    """DDP's hooks on CUDA tensors run on autograd's device threads: any thread may call the group."""
+    got: dict = {}
+
+    def other() -> None:
+        try:
+            t = tensor(51, (7,), "int64")
+            dist.all_reduce(t, group=threaded)
+            u = tensor(52, (5,), "float64")
+            dist.all_reduce(u, op=dist.ReduceOp.MAX, async_op=True, group=threaded).wait()
+            got["values"] = (t, u)
+        except BaseException as error:  # noqa: BLE001 - checked below, in the test's thread
+            got["error"] = error
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert "error" not in got, repr(got.get("error"))
+    t, u = got["values"]
+    assert_same(t.numpy(), numpy_reduce("sum", all_inputs(51, N, (7,), "int64")), "another thread")
+    assert_same(u.numpy(), numpy_reduce("max", all_inputs(52, N, (5,), "float64", "max")), "another thread")
+    v = torch.ones(3)
+    dist.all_reduce(v, group=threaded)  # and from this one again
+    assert torch.equal(v, torch.full((3,), float(N)))
+
+
+def test_outstanding_async_ops_complete_in_order(group):
+    calls = [(60 + k, (3 + 1000 * k,), dtype, op)
+             for k, (dtype, op) in enumerate([("float32", "sum"), ("int32", "max"), ("float64", "min"),
+                                              ("int64", "sum"), ("float32", "prod"), ("uint8", "bor")])]
+    done: list[int] = []
+    tensors, chained = [], []
+    for k, (seed, shape, dtype, op) in enumerate(calls):
+        t = tensor(seed, shape, dtype, op)
+        work = dist.all_reduce(t, op=TORCH_OPS[op], async_op=True, group=group)
+        chained.append(work.get_future().then(lambda _, k=k: done.append(k)))  # done once the callback ran
+        tensors.append(t)
+    torch.futures.wait_all(chained)
+    assert done == list(range(len(calls)))
+    for t, (seed, shape, dtype, op) in zip(tensors, calls, strict=True):
+        want = numpy_reduce(op, all_inputs(seed, N, shape, dtype, op))
+        if op == "prod":
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-5)
+        else:
+            assert_same(t.numpy(), want, f"outstanding {op} {dtype}")
+
+
+def test_an_error_reaches_the_future(group):
+    bad = torch.ones(2, dtype=torch.int32)
+    work = dist.all_reduce(bad, op=dist.ReduceOp.AVG, async_op=True, group=group)  # mpiring's own check
+    # a failed future, as torch's own backends give (wait() on the Work raises mpiring's error itself)
+    with pytest.raises(RuntimeError, match=r"ArgumentTypeError: allreduce: argument .op.: op .avg"):
+        work.get_future().wait()
+    with pytest.raises(mpiring.ArgumentError, match="avg"):
+        work.wait()
+    assert work.is_completed() and not work.is_success()
+    assert isinstance(work.exception(), mpiring.ArgumentError)
+    premul = dist._make_nccl_premul_sum(2.0) if hasattr(dist, "_make_nccl_premul_sum") else None
+    if premul is not None:  # the group's own check: in the caller, at once
+        with pytest.raises(ValueError, match="PREMUL_SUM"):
+            dist.all_reduce(torch.ones(2), op=premul, async_op=True, group=group)
+    t = torch.ones(2)
+    dist.all_reduce(t, async_op=True, group=group).wait()  # the group is still usable
+    assert torch.equal(t, torch.full((2,), float(N)))
+
+
+def test_a_groups_thread_ends_with_the_group():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPIRING_TORCH_PROGRESS", "1")
+        group = dist.new_group(backend="mpiring")
+    t = torch.ones(2)
+    dist.all_reduce(t, group=group)
+    thread = group.progress._thread
+    assert thread.is_alive()
+    dist.destroy_process_group(group)
+    assert not thread.is_alive()
+    assert torch.equal(t, torch.full((2,), float(N)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 def test_cuda_tensors():
     t = torch.full((4,), float(RANK + 1), device="cuda")
@@ -283,11 +397,15 @@ def train(net: torch.nn.Module, steps: int, data) -> list[float]:
     return losses
 
 
-def test_ddp_losses_equal_gloos(gloo):
+@pytest.mark.parametrize("bucket_mb", [25.0, 0.0001])  # DDP's default; a bucket per layer, several in flight
+def test_ddp_losses_equal_gloos(gloo, group, bucket_mb):
+    """DDP's own hook: its buckets' all-reduces are async calls (with a progress thread, going on
+    behind the backward pass)."""
     net = model(5)
-    on_mpiring = train(torch.nn.parallel.DistributedDataParallel(net), 6, lambda s: batch(s, RANK))
-    on_gloo = train(torch.nn.parallel.DistributedDataParallel(model(5), process_group=gloo), 6,
-                    lambda s: batch(s, RANK))
+    on_mpiring = train(torch.nn.parallel.DistributedDataParallel(net, process_group=group, bucket_cap_mb=bucket_mb),
+                       6, lambda s: batch(s, RANK))
+    on_gloo = train(torch.nn.parallel.DistributedDataParallel(model(5), process_group=gloo, bucket_cap_mb=bucket_mb),
+                    6, lambda s: batch(s, RANK))
     # float64, summed in different orders by the two backends: equal to rounding
     np.testing.assert_allclose(on_mpiring, on_gloo, rtol=1e-12, atol=0)
     # every rank saw other data, yet holds the same parameters: the gradients were averaged

@@ -64,7 +64,7 @@ def shrink_process_group() -> dist.ProcessGroup:
     if not isinstance(old, ProcessGroupMpiring):
         raise RuntimeError("mpiring: shrink_process_group() needs a default process group on the mpiring backend "
                            "(dist.init_process_group(\"mpiring\"))")
-    comm = old.comm.shrink()
+    comm = old.on_thread(old.comm.shrink)  # the old communicator takes calls from its group's thread only
     dist.destroy_process_group()
     for group in list(_groups):
         group.free()

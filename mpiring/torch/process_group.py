@@ -5,7 +5,13 @@ torch.distributed writes in place, so no data is copied on the way in or out, ex
 call gives a list of separate tensors (allgather, gather, scatter, reduce_scatter, alltoall of
 lists), which run on one temporary buffer copied from or into them. A call made with
 async_op=False runs mpiring's blocking collective (planned after its second call with the same
-tensors); with async_op=True, its nonblocking one, wrapped in a Work (mpiring.torch.work).
+tensors). Every collective is a job of the group's Progress (mpiring.torch.progress): with
+MPIRING_TORCH_PROGRESS=1 its thread, the one thread that calls the Communicator, runs them in
+the order they were issued (async_op=False: the caller waits for it; async_op=True: the caller
+gets at once a Work whose future the thread completes, mpiring.torch.work); without it they
+run in the caller's thread at once. The checks the group makes itself (sizes,
+dtypes, ops) raise in the caller before anything is queued; mpiring's own argument errors
+and any failure of the call reach the caller through wait() or the future.
 send and recv use MPI's own point-to-point messages on a private duplicate of the communicator.
 
 Refused: ReduceOp.PREMUL_SUM (ValueError); AVG on integer tensors, MIN/MAX on complex ones and
@@ -23,8 +29,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpiring
+from mpiring.torch.progress import Progress, wanted
 from mpiring.torch.tensors import view
-from mpiring.torch.work import Pending, Work, of_mpi, of_request
+from mpiring.torch.work import Work, of_mpi
 
 _RedOpType = dist.ReduceOp.RedOpType
 _OPS = {
@@ -48,7 +55,8 @@ class ProcessGroupMpiring(dist.ProcessGroup):
 
     def __init__(self, comm: mpiring.Communicator) -> None:
         super().__init__(comm.rank, comm.size)
-        self.comm = comm  # the mpiring Communicator this group runs on
+        self.comm = comm  # the mpiring Communicator this group runs on: only its progress thread (if any) calls it
+        self.progress = Progress(f"mpiring.torch progress {id(self):x}", threaded=wanted())
         self._p2p = comm.mpi.Dup()  # send/recv: their own context, apart from the caller's and mpiring's
         self._group_name = ""
         self._group_desc = ""
@@ -71,11 +79,22 @@ class ProcessGroupMpiring(dist.ProcessGroup):
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    def shutdown(self) -> None:
+        """End the progress thread once the calls already issued are done (torch's
+        destroy_process_group calls this; the interpreter's exit does it too)."""
+        self.progress.close()
+
     def free(self) -> None:
-        """Free the communicators this group runs on (mpiring.torch.shrink_process_group frees
-        those of the groups it destroys)."""
-        self.comm.free()
+        """Free the communicators this group runs on, after shutdown()
+        (mpiring.torch.shrink_process_group frees those of the groups it destroys)."""
+        self.progress.close()
+        self.comm.free()  # the thread that called it has ended: any thread may free it now
         self._p2p.Free()
+
+    def on_thread(self, job: Callable[[], Any]) -> Any:
+        """`job()` run on the progress thread in its turn (for calls on `comm` other than the
+        collectives, such as shrink()); its value, or its exception raised here."""
+        return self.progress.call(job)
 
     # ---- plumbing ----
 
@@ -88,24 +107,37 @@ class ProcessGroupMpiring(dist.ProcessGroup):
 
     def _run(self, opts: Any, collective: str, args: tuple, kwargs: dict, outputs: Sequence[torch.Tensor],
              finish: Callable[[], None] | None = None, keep: Any = None) -> Work:
-        """One mpiring call: blocking unless the caller asked for async_op, then a pending Work.
-        `keep` (temporaries the call reads or writes) lives as long as the Work."""
+        """One mpiring call (then `finish`, copying a result out of a temporary) on the progress
+        thread: waited for here unless the caller asked for async_op, else a Work over its future.
+        `keep` (temporaries the call reads or writes) lives as long as the job and the Work."""
+        call = getattr(self.comm, collective)
+
+        def job() -> None:
+            call(*args, **kwargs)
+            if finish is not None:
+                finish()
+
+        future = self.progress.submit(job, outputs)
         if getattr(opts, "asyncOp", True):
-            request = getattr(self.comm, "i" + collective)(*args, **kwargs)
-            work = Work(outputs, (of_request(request),), finish)
+            work = Work(outputs, future)
             work._keep = keep
             return work
-        getattr(self.comm, collective)(*args, **kwargs)
-        if finish is not None:
-            finish()
+        future.wait()
         return Work(outputs)
 
     def _each(self, works: list[Work], outputs: Sequence[torch.Tensor]) -> Work:
         """One Work for several calls (a list of tensors, one call each)."""
         if len(works) == 1:
             return works[0]
-        pending: list[Pending] = [(work.is_completed, work.wait) for work in works]
-        return Work(outputs, pending)
+        futures = [work._future for work in works if work._future is not None]
+        if not futures:  # blocking calls, all done
+            return Work(outputs)
+
+        def check() -> None:  # queued after them: they are done, and the first error is this one's
+            for future in futures:
+                future.wait()
+
+        return Work(outputs, self.progress.submit(check, outputs))
 
     # ---- collectives ----
 
@@ -164,9 +196,8 @@ class ProcessGroupMpiring(dist.ProcessGroup):
             _same_kind("all_gather", tensor, outputs[0])
             x = view(tensor.detach(), flat=True)
             whole = tensor.new_empty(sum(counts))
-            work = self._run(opts, "allgather", (x,), {"out": view(whole, flat=True), "counts": counts}, outputs,
-                             keep=whole)
-            works.append(self._then(work, lambda w=whole, o=outputs: _split_into(w, o)))
+            works.append(self._run(opts, "allgather", (x,), {"out": view(whole, flat=True), "counts": counts},
+                                   outputs, lambda w=whole, o=outputs: _split_into(w, o), keep=whole))
         return self._each(works, [t for outputs in output_tensors for t in outputs])
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:  # noqa: A002
@@ -252,10 +283,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         return work
 
     def barrier(self, opts: Any = None) -> Work:
-        if getattr(opts, "asyncOp", True):
-            return Work(None, (of_request(self.comm.ibarrier()),))
-        self.comm.barrier()
-        return Work()
+        return self._run(opts, "barrier", (), {}, [])
 
     # ---- point to point (MPI's own messages) ----
 
@@ -264,7 +292,7 @@ class ProcessGroupMpiring(dist.ProcessGroup):
         data = tensor.detach().cpu() if tensor.is_cuda else tensor  # device tensors travel through the host
         buffer = view(data, flat=True).view("u1")
         request = self._p2p.Isend([buffer, MPI.BYTE], dst, tag)
-        work = Work(tensors, (of_mpi(request),))
+        work = Work(tensors, pending=(of_mpi(request),))
         work._keep = data
         return work
 
@@ -286,26 +314,8 @@ class ProcessGroupMpiring(dist.ProcessGroup):
             if data is not tensor:
                 tensor.copy_(data)
 
-        work = Work(tensors, (of_mpi(request, status),), finish)
+        work = Work(tensors, pending=(of_mpi(request, status),), finish=finish)
         work._keep = data
-        return work
-
-    # ---- helpers ----
-
-    @staticmethod
-    def _then(work: Work, finish: Callable[[], None]) -> Work:
-        """`work`, with `finish` run once it is done (at once where it already is)."""
-        if work._done:
-            finish()
-            return work
-        previous = work._finish
-
-        def both() -> None:
-            if previous is not None:
-                previous()
-            finish()
-
-        work._finish = both
         return work
 
 

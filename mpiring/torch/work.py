@@ -1,7 +1,8 @@
-"""torch.distributed's Work objects over mpiring's requests."""
+"""torch.distributed's Work objects: a collective's torch Future, or MPI's own requests."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -9,37 +10,38 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# what a pending Work waits for: (test, wait), each a call on one request
+# what a pending send or recv waits for: (test, wait), each a call on one MPI request
 Pending = tuple[Callable[[], bool], Callable[[], Any]]
 
 
 class Work(dist.Work):
-    """One call of the process group: done at once (a blocking call), or pending on mpiring's
-    nonblocking requests (or MPI's, for send and recv), which advance only inside is_completed()
-    and wait(), as mpiring's requests do. `finish` runs once they are all done (copying a
-    result into the caller's tensors, where the call ran on a temporary).
+    """One call of the process group: done at once (a blocking call); a collective's `future`,
+    which the group's progress thread completes (mpiring.torch.progress); or pending on MPI's
+    requests (send and recv), which advance inside is_completed() and wait(), with `finish` run
+    once they are all done."""
 
-    get_future() waits first and returns a completed future: mpiring has no progress thread that
-    could complete it later (so DistributedDataParallel's bucket all-reduces run one by one).
-    """
-
-    def __init__(self, outputs: Sequence[torch.Tensor] | None = None, pending: Sequence[Pending] = (),
-                 finish: Callable[[], None] | None = None) -> None:
+    def __init__(self, outputs: Sequence[torch.Tensor] | None = None, future: torch.futures.Future | None = None,
+                 pending: Sequence[Pending] = (), finish: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._outputs = list(outputs) if outputs is not None else []
+        self._future = future
+        self._chained: torch.futures.Future | None = None  # get_future()'s
         self._pending = list(pending)
         self._finish = finish
-        self._done = not self._pending and finish is None
+        self._done = future is None and not self._pending and finish is None
         self._error: BaseException | None = None
         self.source: int = -1  # recv_anysource: the rank the message came from
         self._keep: Any = None  # temporaries the call reads or writes, alive as long as the Work
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        """Block until the call is done (mpiring's communicator timeout applies, not `timeout`)."""
+        """Block until the call is done and raise its error, if it had one (mpiring's
+        communicator timeout applies, not `timeout`)."""
         if self._error is not None:
             raise self._error
         if not self._done:
             try:
+                if self._future is not None:
+                    self._future.wait()
                 for _, wait in self._pending:
                     wait()
                 if self._finish is not None:
@@ -53,9 +55,14 @@ class Work(dist.Work):
     def is_completed(self) -> bool:
         if self._done or self._error is not None:
             return True
-        if all(test() for test, _ in self._pending):
+        if self._future is not None:
+            if not self._future.done():
+                return False
+        elif not all(test() for test, _ in self._pending):
+            return False
+        with contextlib.suppress(Exception):  # done with an error: wait() and exception() give it
             self.wait()
-        return self._done
+        return True
 
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
@@ -74,15 +81,26 @@ class Work(dist.Work):
         self.wait()
 
     def get_future(self) -> torch.futures.Future:
+        """The call's Future: for a collective, completed by its progress thread (at once where
+        the call ran in the caller's thread); for send and recv, completed after a wait.
+
+        A collective's error makes it a failed future, as torch's own backends' are: its wait()
+        raises RuntimeError naming the error (wait() on the Work raises the error itself). The
+        thread's future keeps the exception as its value (torch's set_exception), which C++
+        callers such as DDP's reducer would take for a result; the then() turns it into a
+        failure they see."""
+        if self._future is not None:
+            if self._chained is None:
+                self._chained = self._future.then(_value)
+            return self._chained
         self.wait()
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(self._outputs)
         return future
 
 
-def of_request(request: Any) -> Pending:
-    """An mpiring request (nonblocking collective) as a Work's pending entry."""
-    return request.test, request.wait
+def _value(future: torch.futures.Future) -> Any:
+    return future.value()  # raises the call's error: the chained future fails
 
 
 def of_mpi(request: Any, status: Any = None) -> Pending:
