@@ -395,11 +395,15 @@ def _named_items(buf: Any, datatype: Any) -> Any:
     datatype than the array's reinterprets its bytes, as in MPI), or None where the generic
     parse must look (any other buffer or datatype)."""
     named = _NAMED.get(id(datatype))
-    if (named is None or named[0] is not datatype or buf.__class__ is not _NDARRAY or not buf.flags.c_contiguous
-            or buf.dtype not in SUPPORTED_DTYPES or buf.nbytes % named[1].itemsize):
+    if named is None or named[0] is not datatype or buf.__class__ is not _NDARRAY or not buf.flags.c_contiguous:
         return None
-    flat = buf if buf.ndim == 1 else buf.reshape(-1)
-    return flat if flat.dtype == named[1] else flat.view(named[1])
+    dtype = buf.dtype
+    if dtype is not named[1]:  # (NumPy's dtypes of one kind are one object: the common case ends here)
+        if dtype not in SUPPORTED_DTYPES or buf.nbytes % named[1].itemsize:
+            return None
+        if dtype != named[1]:
+            return buf.reshape(-1).view(named[1])
+    return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
 def _same(buf: Any) -> Any:
@@ -423,7 +427,9 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
     if spec.__class__ is list and 2 <= len(spec) <= 3:  # [array, MPI.FLOAT], [buffer, n, MPI.BYTE]: as common
-        flat = _named_items(_BYTE_BUFFERS.get(spec[0].__class__, _same)(spec[0]), spec[-1])
+        buf = spec[0]
+        flat = _named_items(buf if buf.__class__ is _NDARRAY else _BYTE_BUFFERS.get(buf.__class__, _same)(buf),
+                            spec[-1])
         if flat is not None:
             if len(spec) == 2:
                 if blocks == 1 or flat.size % blocks == 0:
