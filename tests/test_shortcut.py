@@ -504,6 +504,12 @@ def test_shortcuts_used_before_they_were_made_raise() -> None:
             use()
 
 
+def test_a_hot_state_never_made_is_refused() -> None:
+    unmade = native.HotState.__new__(native.HotState)  # its __init__ not run: no traffic
+    with pytest.raises(TypeError, match="before it was made"):
+        native.shortcut(unmade, lambda *args: None, None, YIELD)
+
+
 def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> None:
     samples = native._array_samples()
     assert native._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as _replay.c reads them

@@ -317,11 +317,18 @@ static PyObject *count_to(HotState *state, long long now) {
     return number;
 }
 
-/* 1: the state was made (__init__ ran); else 0 with an error. */
+/* 1: the state's objects are there; 0 before its __init__ ran, or once a garbage collection
+   cleared it (a cycle's objects are cleared in any order: what holds it may still be called from
+   a finalizer). The C paths then go to Python, which raises rather than crashes. */
+static int hot_live(const HotState *state) {
+    return state->in_flight != NULL && state->programs != NULL && state->traffic != NULL;
+}
+
+/* hot_live, else 0 with an error (a Shortcut or persistent request being made on it). */
 static int hot_ready(const HotState *state) {
-    if (state->traffic == NULL)
+    if (!hot_live(state))
         PyErr_SetString(PyExc_TypeError, "a HotState used before it was made (__init__)");
-    return state->traffic != NULL;
+    return hot_live(state);
 }
 
 typedef struct {
@@ -1396,7 +1403,7 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
         PyErr_SetString(PyExc_RuntimeError, "a Shortcut called before it was made (__init__)");
         return NULL;
     }
-    if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
+    if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL && hot_live(self->state)) {
         if (args[7] == Py_None && !PyList_GET_SIZE(self->state->in_flight) && (program = memo_hit(self, args)) != NULL &&
             !spin_for(self, &spin))
             program = NULL;
@@ -1662,6 +1669,8 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
     RequestFields *request = self->request;
     Program *program = (Program *)self->program;
     HotState *state = self->state;
+    if (!hot_live(state))
+        return in_python(self, IN_PYTHON_START);
     long long calls = calls_now(state);
     if (request->freed || request->running || PyList_GET_SIZE(state->in_flight) || program->exchanges == NULL ||
         !usable(state) || !owned(state) || calls < 0 || !still_bound(self))
@@ -1696,7 +1705,8 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
         return NULL;
     RequestFields *request = self->request;
     Program *program = (Program *)self->program;
-    if (request->position < 0 || !none(request->error) || !none(request->run) || !owned(self->state))
+    if (!hot_live(self->state) || request->position < 0 || !none(request->error) || !none(request->run) ||
+        !owned(self->state))
         return in_python(self, IN_PYTHON_WAIT);
     if (request->running) {
         PyObject *in_flight = self->state->in_flight;
