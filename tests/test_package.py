@@ -102,6 +102,33 @@ def test_the_compiled_replay_is_built_wherever_it_can_be():
     assert native.available() or not (compiler and headers), "the C replay was not built: pip install -e . again"
 
 
+def test_without_the_compiled_replay_the_hot_state_is_python_s_and_calls_run():
+    """Where _replay.c was not built (its import fails), a communicator's hot state, traffic and
+    persistent requests' fields are mpiring.engine.state's Python classes, and every form of a
+    call works on them."""
+    program = (
+        "import sys; sys.modules['mpiring.engine._replay'] = None\n"
+        "import numpy as np, mpiring\n"
+        "from mpiring.engine import native, state\n"
+        "assert (native.HotState, native.Counters, native.RequestFields) == "
+        "(state.HotState, state.Counters, state.RequestFields)\n"
+        "comm = mpiring.Communicator(timeout=5.0)\n"
+        "x, y = np.arange(4.0), np.empty(4)\n"
+        "for _ in range(3): comm.allreduce(x, out=y)\n"
+        "request = comm.allreduce_init(x, out=y)\n"
+        "for _ in range(2): request.start(); request.wait()\n"
+        "request.free(); comm.iallreduce(x, out=y).wait()\n"
+        "hot = comm._ring.hot\n"
+        "assert (hot.calls, hot.timeout, comm.timeout, hot.freed) == (7, 5.0, 5.0, False), hot.calls\n"
+        "assert hot.served == hot.owner == comm._ring.owner and y.tolist() == x.tolist()\n"
+        "assert comm.traffic is hot.traffic and comm.traffic == mpiring.Traffic()\n"
+        "comm.free(); assert hot.freed and hot.served is None\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
 def test_version_option_and_license():
     for module, name in (("mpiring", "mpiring"), ("mpiring.bench", "mpiring-bench")):
         result = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,

@@ -1,6 +1,6 @@
 """The C replay on its own (engine/_replay.c, through mpiring.engine.native): a Program built
 from plain data, whose one exchange has no messages, bound to arrays; the Shortcut of a cached
-blocking call, with stand-ins for the ring and engine; and a persistent request's C
+blocking call, over a communicator's HotState alone; and a persistent request's C
 start() and wait(). What they take, what they count, what they compute and what they hand back
 to Python are checked without peers; the MPI tests run them on real schedules (test_schedules.py,
 test_plans.py, test_timeouts.py)."""
@@ -40,19 +40,11 @@ def add(out=(OUT, 0), a=(X, 0), b=(X, 0), n=4, dtype=np.float32, op="sum"):
     return (native.WORK_OP, native.OP_CODES[op], native.DTYPE_CODES[np.dtype(dtype)], out, a, b, n, 0)
 
 
-class StandInRing:
-    def __init__(self) -> None:
-        self.owner = threading.get_ident()
-        self.served = self.owner  # what the C paths compare (Ring.served: None once broken or freed)
-        self.calls = 0
-        self.in_flight: list = []
-        self.traffic = Traffic()
-        self.broken = None
-
-
-class StandInEngine:
-    timeout: float | None = None
-    freed = False
+def hot_state() -> native.HotState:
+    """A communicator's HotState as a Ring makes it, its first call's thread this one."""
+    hot = native.HotState(Traffic())
+    hot.owner = hot.served = threading.get_ident()  # what the C paths compare (None once broken or freed)
+    return hot
 
 
 class Rig:
@@ -70,11 +62,11 @@ class Rig:
             return made[-1]
 
         self.program = program(works=works or (add(),), allocate=None if out_given else allocate)
-        self.ring, self.engine = StandInRing(), StandInEngine()
-        self.table = {self.key(self.x, self.out if out_given else None): self.program}
+        self.hot = hot_state()
+        self.table = self.hot.programs
+        self.table[self.key(self.x, self.out if out_given else None)] = self.program
         self.in_python, self.after = [], []
-        self.shortcut = native.shortcut(self.table, self.ring, self.engine, self._in_python, self._after,
-                                          YIELD)
+        self.shortcut = native.shortcut(self.hot, self._in_python, self._after, YIELD)
 
     def key(self, x, out, op="sum"):
         return layout_key("allreduce", x, out, op, None, self.counts, "auto")
@@ -98,9 +90,9 @@ def test_a_hit_binds_the_arrays_runs_the_program_and_counts_as_python_does() -> 
     rig = Rig()
     for n in (1, 2, 3):
         assert rig.call() is rig.out
-        assert rig.in_python == [] and rig.ring.calls == rig.program.used == n
+        assert rig.in_python == [] and rig.hot.calls == rig.program.used == n
         np.testing.assert_array_equal(rig.out, 2 * rig.x)
-    assert rig.ring.traffic == Traffic(bytes_sent=48, bytes_received=36, messages=6)
+    assert rig.hot.traffic == Traffic(bytes_sent=48, bytes_received=36, messages=6)
     assert rig.program.x is None and rig.program.out is None  # unbound after each call: it keeps no array
 
 
@@ -137,11 +129,11 @@ def test_anything_else_goes_to_python_untouched(change: str) -> None:
     if change == "timeout per call":
         call["timeout"] = 5.0
     elif change == "another thread":
-        rig.ring.served += 1
+        rig.hot.served += 1
     elif change == "ring broken or freed":
-        rig.ring.served = None
+        rig.hot.served = None
     elif change == "in flight":
-        rig.ring.in_flight.append(object())
+        rig.hot.in_flight.append(object())
     elif change == "not a program":
         rig.table[rig.key(rig.x, rig.out)] = object()
     elif change == "program released":
@@ -176,7 +168,7 @@ def test_anything_else_goes_to_python_untouched(change: str) -> None:
     x = call.get("x", rig.x)
     out = call.get("out", rig.out) if call.get("given", True) else None
     assert rig.in_python == [("allreduce", x, out, call.get("op", "sum"), None, None, "auto", call.get("timeout"))]
-    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic()
+    assert rig.hot.calls == 0 and rig.hot.traffic == Traffic()
     if change not in ("overlap", "shape", "read-only out"):
         assert not rig.out.any(), "a miss changed nothing"
 
@@ -204,10 +196,48 @@ def test_work_that_raises_is_handed_to_python_with_the_spin_and_the_binding() ->
     assert program_ is rig.program and stopped is None and spin == -1.0  # no timeout: MPI_Waitall
     assert isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
     assert seen == [(rig.x, rig.out)]  # work done in Python sees the bound arrays
-    rig.engine.timeout = 5.0
+    rig.hot.timeout = 5.0
     rig.call()
     assert rig.after[1][2] == YIELD  # the spin is the timeout, at most YIELD
-    assert rig.ring.calls == 2  # the call counted, as a Python call that raised counts
+    assert rig.hot.calls == 2  # the call counted, as a Python call that raised counts
+
+
+@pytest.mark.parametrize("name", ["HotState", "Counters", "RequestFields"])
+def test_the_python_forms_of_the_c_fields_have_their_names(name: str) -> None:
+    """mpiring.engine.state, used where the extension was not built, has the C types' fields."""
+    from mpiring.engine import state
+
+    def fields(kind: type) -> set:
+        return {field for field in dir(kind) if not field.startswith("__")}
+
+    c_form, python_form = getattr(native._replay, name), getattr(state, name)
+    assert fields(c_form) == fields(python_form)
+    if name == "Counters":
+        made = c_form(1, 2, messages=3), python_form(1, 2, messages=3)
+        assert [repr(each).split("(", 1)[1] for each in made] == ["bytes_sent=1, bytes_received=2, messages=3)"] * 2
+        assert made[0] == c_form(1, 2, 3) and made[0] != c_form(1, 2, 4)
+
+
+def test_the_hot_state_s_fields_are_read_and_written_as_python_values() -> None:
+    hot = hot_state()
+    assert (hot.calls, hot.timeout, hot.freed, hot.broken, hot.in_flight, hot.programs) == (0, None, False, None, [],
+                                                                                            {})
+    hot.timeout, hot.calls = 5.0, 7
+    assert hot.timeout == 5.0 and hot.calls == 7
+    hot.timeout = hot.served = None
+    assert hot.timeout is None and hot.served is None and hot.owner == threading.get_ident()
+    with pytest.raises(AttributeError):
+        hot.traffic = Traffic()  # never replaced: the C paths hold it
+    with pytest.raises(TypeError):
+        native.HotState(object())  # its traffic is a Traffic, whose fields C adds to
+
+
+@pytest.mark.parametrize("field", ["calls", "timeout", "served"])
+def test_a_hot_field_python_set_to_something_unexpected_is_a_miss_never_a_crash(field: str) -> None:
+    rig = Rig()
+    setattr(rig.hot, field, "not a number")
+    assert rig.call() == "python" and getattr(rig.hot, field) == "not a number"
+    assert not rig.out.any() and rig.hot.traffic == Traffic()
 
 
 def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,7 +246,7 @@ def test_without_the_extension_the_python_call_is_returned(monkeypatch: pytest.M
     def in_python(*args):
         return args
 
-    assert native.shortcut({}, StandInRing(), StandInEngine(), in_python, None, YIELD) is in_python
+    assert native.shortcut(hot_state(), in_python, None, YIELD) is in_python
 
 
 # ---- what a Program computes: exactly NumPy's results ----
@@ -297,10 +327,10 @@ def test_work_c_cannot_do_exactly_stays_with_numpy() -> None:
 # ---- a persistent request's start() and wait() in C (native.persistent_shortcut) ----
 
 
-class StandInRequest:
+class StandInRequest(native.RequestFields):
     """The fields PersistentShortcut reads and writes, and the methods it hands calls to."""
 
-    __slots__ = ("_freed", "_running", "_error", "_position", "_run", "handed")
+    __slots__ = ("handed",)
 
     def __init__(self) -> None:
         self._freed = self._running = False
@@ -330,7 +360,7 @@ class StandInCall:
 class PersistentRig:
     def __init__(self, prologue=(), exchanges=1) -> None:
         self.works = []
-        self.request, self.ring, self.engine = StandInRequest(), StandInRing(), StandInEngine()
+        self.request, self.hot = StandInRequest(), hot_state()
         self.result = np.zeros(2)
         self.program = program(works=(lambda: self.works.append("after"),),
                                during=(lambda: self.works.append("during"),), prologue=prologue, exchanges=exchanges,
@@ -339,21 +369,23 @@ class PersistentRig:
         self.program.bind(None, self.result, 0, self.result.__array_interface__["data"][0])
         self.call = StandInCall()
         self.call.step = 3
-        self.start, self.wait = native.persistent_shortcut(self.request, self.engine, self.ring, self.program,
-                                                             self.call, -1.0)
+        request = self.request
+        handlers = (request._start_in_python, request._wait_in_python, request._failed_start, request._resume_wait)
+        self.start, self.wait = native.persistent_shortcut(request, self.hot, self.program, self.call, -1.0,
+                                                             handlers)
 
 
 def test_a_persistent_run_in_c_counts_and_returns_as_python_does() -> None:
     rig = PersistentRig()
     for n in (1, 2):
         rig.start()
-        assert rig.ring.in_flight == [rig.request] and rig.request._running is True
+        assert rig.hot.in_flight == [rig.request] and rig.request._running is True
         # the start did the exchange's work in flight; the wait does the work after it
         assert rig.request._position == 0 and rig.call.step == 0
         assert rig.works == ["during", "after"] * (n - 1) + ["during"]
         assert rig.wait() is rig.result
-        assert rig.ring.in_flight == [] and rig.request._running is False and rig.works == ["during", "after"] * n
-    assert rig.ring.calls == 2 and rig.ring.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
+        assert rig.hot.in_flight == [] and rig.request._running is False and rig.works == ["during", "after"] * n
+    assert rig.hot.calls == 2 and rig.hot.traffic == Traffic(bytes_sent=16, bytes_received=16, messages=4)
     assert rig.wait() is rig.result and rig.works == ["during", "after"] * 2  # complete already: the result again
     assert rig.request.handed == []
 
@@ -362,13 +394,13 @@ def test_a_persistent_start_in_c_takes_its_number_and_hands_changed_arrays_to_py
     rig = PersistentRig()
     rig.start()
     rig.wait()
-    assert rig.call.number == rig.ring.calls == 1 and rig.request.handed == []
+    assert rig.call.number == rig.hot.calls == 1 and rig.request.handed == []
     rig.result.flags.writeable = False  # the bound result made read-only: Python's start refuses it
     rig.start()
-    assert rig.request.handed == ["start"] and rig.ring.calls == 1
+    assert rig.request.handed == ["start"] and rig.hot.calls == 1
     rig.result.flags.writeable = True
     rig.start()
-    assert rig.request.handed == ["start"] and rig.call.number == rig.ring.calls == 2
+    assert rig.request.handed == ["start"] and rig.call.number == rig.hot.calls == 2
 
 
 def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_after() -> None:
@@ -389,7 +421,7 @@ def test_a_run_does_each_exchange_s_work_in_flight_before_waiting_and_its_work_a
 def test_a_program_without_exchanges_is_complete_once_started() -> None:
     rig = PersistentRig(exchanges=0)
     rig.start()
-    assert rig.ring.in_flight == [] and rig.request._running is False
+    assert rig.hot.in_flight == [] and rig.request._running is False
     assert rig.wait() is rig.result and rig.request.handed == []
 
 
@@ -402,18 +434,18 @@ def test_a_start_outside_the_lean_path_goes_to_python_untouched(change: str) -> 
     elif change == "running":
         rig.request._running = True
     elif change == "in flight":
-        rig.ring.in_flight.append(object())
+        rig.hot.in_flight.append(object())
     elif change == "another thread":
-        rig.ring.served += 1
+        rig.hot.served += 1
     elif change == "communicator freed":
-        rig.engine.freed = True
+        rig.hot.freed = True
     elif change == "ring broken":
-        rig.ring.broken = "an earlier call timed out"
+        rig.hot.broken = "an earlier call timed out"
     elif change == "program released":
         rig.program.release()
     rig.start()
     assert rig.request.handed == ["start"]
-    assert rig.ring.calls == 0 and rig.ring.traffic == Traffic() and rig.call.step == 3
+    assert rig.hot.calls == 0 and rig.hot.traffic == Traffic() and rig.call.step == 3
 
 
 @pytest.mark.parametrize("change", ["never started", "failed", "generator run", "another in flight",
@@ -427,13 +459,13 @@ def test_a_wait_outside_the_lean_path_goes_to_python_untouched(change: str) -> N
     elif change == "generator run":
         rig.request._run = object()
     elif change == "another in flight":
-        rig.ring.in_flight.insert(0, object())
+        rig.hot.in_flight.insert(0, object())
     elif change == "another thread":
-        rig.ring.served += 1
+        rig.hot.served += 1
     elif change == "another thread, run complete":  # not even its result is read in C
         assert rig.wait() is rig.result
         rig.request.handed.clear()
-        rig.ring.served += 1
+        rig.hot.served += 1
     elif change == "program released":
         rig.program.release()
     assert rig.wait() == "python"
@@ -450,7 +482,7 @@ def test_a_start_whose_work_raises_is_handed_to_python() -> None:
         rig.start()
     [(what, error)] = rig.request.handed
     assert what == "failed" and isinstance(error, ZeroDivisionError) and error.__traceback__ is not None
-    assert rig.ring.in_flight == []
+    assert rig.hot.in_flight == []
 
 
 def test_programs_refuse_data_they_cannot_run() -> None:
@@ -470,6 +502,12 @@ def test_shortcuts_used_before_they_were_made_raise() -> None:
                 persistent.wait):
         with pytest.raises(RuntimeError, match="before it was made"):
             use()
+
+
+def test_a_hot_state_never_made_is_refused() -> None:
+    unmade = native.HotState.__new__(native.HotState)  # its __init__ not run: no traffic
+    with pytest.raises(TypeError, match="before it was made"):
+        native.shortcut(unmade, lambda *args: None, None, YIELD)
 
 
 def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> None:

@@ -110,6 +110,227 @@ typedef struct {
     Work *during;              /* run once its messages are started, before waiting for them */
 } Exchange;
 
+/* ---- a communicator's hot state, shared by Python and the C paths ----
+ *
+ * What every call reads or counts lives here, in C structs whose fields Python reads and writes
+ * as members (Ring and Engine hold one HotState; mpiring.engine.state is the same in Python where
+ * this file was not built). The Shortcut and the persistent request take the object when they
+ * are made and read its fields directly: no attribute is looked up by name on a call's path, so
+ * renaming Python code cannot slow or break them. */
+
+/* Traffic's fields (mpiring.engine.transport.Traffic subclasses this): what a communicator has
+   handed to MPI, or what one run of a program hands it. */
+typedef struct {
+    PyObject_HEAD
+    long long bytes_sent, bytes_received, messages;
+} Counters;
+
+static PyTypeObject CountersType;
+
+static int counters_init(Counters *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"bytes_sent", "bytes_received", "messages", NULL};
+    self->bytes_sent = self->bytes_received = self->messages = 0;
+    return PyArg_ParseTupleAndKeywords(args, kwds, "|LLL", names, &self->bytes_sent, &self->bytes_received,
+                                       &self->messages) ? 0 : -1;
+}
+
+static PyObject *counters_richcompare(PyObject *a, PyObject *b, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !PyObject_TypeCheck(b, &CountersType) || Py_TYPE(a) != Py_TYPE(b))
+        Py_RETURN_NOTIMPLEMENTED;
+    const Counters *x = (const Counters *)a, *y = (const Counters *)b;
+    int equal = x->bytes_sent == y->bytes_sent && x->bytes_received == y->bytes_received &&
+                x->messages == y->messages;
+    return PyBool_FromLong(op == Py_EQ ? equal : !equal);
+}
+
+static PyObject *counters_repr(Counters *self) {
+    return PyUnicode_FromFormat("%s(bytes_sent=%lld, bytes_received=%lld, messages=%lld)", _PyType_Name(Py_TYPE(self)),
+                                self->bytes_sent, self->bytes_received, self->messages);
+}
+
+/* total += once, field by field */
+static void add_counters(Counters *total, const Counters *once) {
+    total->bytes_sent += once->bytes_sent;
+    total->bytes_received += once->bytes_received;
+    total->messages += once->messages;
+}
+
+/* add(once): these += once's, field by field (a call's count in one step: Python's field by field
+   reads would box and unbox each). */
+static PyObject *counters_add(Counters *self, PyObject *once) {
+    if (!PyObject_TypeCheck(once, &CountersType)) {
+        PyErr_SetString(PyExc_TypeError, "add(once): once is a Traffic");
+        return NULL;
+    }
+    add_counters(self, (const Counters *)once);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef counters_methods[] = {
+    {"add", (PyCFunction)counters_add, METH_O, "add(once): add once's counts to these"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef counters_members[] = { /* (their docs are Traffic's, in docs/api-reference.md) */
+    {"bytes_sent", T_LONGLONG, offsetof(Counters, bytes_sent), 0, NULL},
+    {"bytes_received", T_LONGLONG, offsetof(Counters, bytes_received), 0, NULL},
+    {"messages", T_LONGLONG, offsetof(Counters, messages), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.Counters",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Counters(bytes_sent=0, bytes_received=0, messages=0): Traffic's fields in C",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)counters_init,
+    .tp_repr = (reprfunc)counters_repr,
+    .tp_richcompare = counters_richcompare,
+    .tp_hash = PyObject_HashNotImplemented, /* mutable, compared by value: unhashable, as a dataclass */
+    .tp_members = counters_members,
+    .tp_methods = counters_methods,
+};
+
+/* Every field is a Python object at a fixed offset: Python reads and writes them as members as
+   fast as __slots__ (T_OBJECT_EX, which its interpreter specializes; a C number would be boxed
+   anew at each read), and C reads them here directly, checking their types as it reads (a field
+   Python set to anything unexpected is a miss, never a crash). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *calls;     /* int: collective calls made so far, each took a sequence number */
+    PyObject *served;    /* int (threading.get_ident) or None: the thread the fast paths serve */
+    PyObject *owner;     /* int or None: the thread that made the first call */
+    PyObject *timeout;   /* float or None: the default timeout in seconds (None: no limit) */
+    PyObject *freed;     /* bool: the communicator was freed */
+    PyObject *broken;    /* str or None: why the ring broke */
+    PyObject *in_flight; /* list: nonblocking calls and persistent runs not yet done (never replaced) */
+    PyObject *programs;  /* dict: layout key -> Program, the cache's compiled schedules (never replaced) */
+    Counters *traffic;   /* what the communicator has handed to MPI (never replaced) */
+} HotState;
+
+enum { HOT_FIELDS = 9 }; /* all held */
+
+static PyTypeObject HotStateType;
+
+static PyObject *hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    HotState *self = (HotState *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->calls = PyLong_FromLong(0);
+    self->served = Py_NewRef(Py_None);
+    self->owner = Py_NewRef(Py_None);
+    self->timeout = Py_NewRef(Py_None);
+    self->freed = Py_NewRef(Py_False);
+    self->broken = Py_NewRef(Py_None);
+    self->in_flight = PyList_New(0);
+    self->programs = PyDict_New();
+    if (self->calls == NULL || self->in_flight == NULL || self->programs == NULL)
+        Py_CLEAR(self);
+    return (PyObject *)self;
+}
+
+/* HotState(traffic): the communicator's Traffic, counted into for its life. */
+static int hot_init(HotState *self, PyObject *args, PyObject *kwds) {
+    Counters *traffic;
+    static char *names[] = {"traffic", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", names, &CountersType, &traffic))
+        return -1;
+    Py_XSETREF(self->traffic, (Counters *)Py_NewRef((PyObject *)traffic));
+    return 0;
+}
+
+static int hot_traverse(HotState *self, visitproc visit, void *arg) {
+    PyObject *held[HOT_FIELDS] = {self->calls, self->served, self->owner, self->timeout, self->freed,
+                                  self->broken, self->in_flight, self->programs, (PyObject *)self->traffic};
+    for (int i = 0; i < HOT_FIELDS; i++)
+        Py_VISIT(held[i]);
+    return 0;
+}
+
+static int hot_clear(HotState *self) {
+    PyObject **held[HOT_FIELDS] = {&self->calls, &self->served, &self->owner, &self->timeout, &self->freed,
+                                   &self->broken, &self->in_flight, &self->programs, (PyObject **)&self->traffic};
+    for (int i = 0; i < HOT_FIELDS; i++)
+        Py_CLEAR(*held[i]);
+    return 0;
+}
+
+static void hot_dealloc(HotState *self) {
+    PyObject_GC_UnTrack(self);
+    hot_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef hot_members[] = {
+    {"calls", T_OBJECT_EX, offsetof(HotState, calls), 0, "collective calls made so far (an int)"},
+    {"served", T_OBJECT_EX, offsetof(HotState, served), 0, "the thread the fast paths serve (None: none)"},
+    {"owner", T_OBJECT_EX, offsetof(HotState, owner), 0, "the thread that made the first call (None: none yet)"},
+    {"timeout", T_OBJECT_EX, offsetof(HotState, timeout), 0, "the default timeout in seconds (None: no limit)"},
+    {"freed", T_OBJECT_EX, offsetof(HotState, freed), 0, "whether the communicator was freed"},
+    {"broken", T_OBJECT_EX, offsetof(HotState, broken), 0, "why the ring broke, or None"},
+    {"in_flight", T_OBJECT_EX, offsetof(HotState, in_flight), READONLY, "the collectives in flight (a list)"},
+    {"programs", T_OBJECT_EX, offsetof(HotState, programs), READONLY, "layout key -> Program (Cache.compiled)"},
+    {"traffic", T_OBJECT_EX, offsetof(HotState, traffic), READONLY, "the communicator's Traffic"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject HotStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.HotState",
+    .tp_basicsize = sizeof(HotState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "HotState(traffic): a communicator's state that every call reads or counts, as C fields",
+    .tp_new = hot_new,
+    .tp_init = (initproc)hot_init,
+    .tp_dealloc = (destructor)hot_dealloc,
+    .tp_traverse = (traverseproc)hot_traverse,
+    .tp_clear = (inquiry)hot_clear,
+    .tp_members = hot_members,
+};
+
+/* 1: the calling thread is the one the state serves (HotState.served: the owner, while the
+   communicator is usable); else 0. Every C way into a call checks this first, under the GIL,
+   before it changes anything: a second thread goes to Python, which refuses it
+   (ConcurrentUseError) without touching what a run of the owner's may be using while its waits
+   let go of the GIL. */
+static int owned(const HotState *state) {
+    PyObject *served = state->served;
+    return served != NULL && PyLong_CheckExact(served) && PyLong_AsUnsignedLong(served) == PyThread_get_thread_ident();
+}
+
+/* The call count now, if it is a plain int (else -1, a miss: Python counts that call). */
+static long long calls_now(const HotState *state) {
+    PyObject *calls = state->calls;
+    long long now = calls != NULL && PyLong_CheckExact(calls) ? PyLong_AsLongLong(calls) : -1;
+    if (now < 0)
+        PyErr_Clear();
+    return now;
+}
+
+/* state.calls = `now` (a new reference to it, or NULL with an error) */
+static PyObject *count_to(HotState *state, long long now) {
+    PyObject *number = PyLong_FromLongLong(now);
+    if (number != NULL)
+        Py_XSETREF(state->calls, Py_NewRef(number));
+    return number;
+}
+
+/* 1: the state's objects are there; 0 before its __init__ ran, or once a garbage collection
+   cleared it (a cycle's objects are cleared in any order: what holds it may still be called from
+   a finalizer). The C paths then go to Python, which raises rather than crashes. */
+static int hot_live(const HotState *state) {
+    return state->in_flight != NULL && state->programs != NULL && state->traffic != NULL;
+}
+
+/* hot_live, else 0 with an error (a Shortcut or persistent request being made on it). */
+static int hot_ready(const HotState *state) {
+    if (!hot_live(state))
+        PyErr_SetString(PyExc_TypeError, "a HotState used before it was made (__init__)");
+    return hot_live(state);
+}
+
 typedef struct {
     PyObject_HEAD
     intptr_t comm;             /* the communicator's handle: the messages go there */
@@ -125,7 +346,7 @@ typedef struct {
     Py_ssize_t x_items, out_items; /* their elements (-1: unknown, their size is asked of the buffer protocol) */
     PyObject *allocate;        /* makes the result when the call gives no out= (None: out is given) */
     int result;                /* what a call returns: RESULT_NONE, RESULT_OUT, RESULT_X */
-    PyObject *traffic;         /* what one run hands MPI (a Traffic), for the Shortcut's counting */
+    Counters *traffic;         /* what one run hands MPI (a Traffic), for the call's counting */
     PyObject *schedule;        /* the Python object this is the C form of */
     long long used;            /* the call count when it last ran (the cache evicts the least recent) */
     char cached;               /* in its communicator's table of compiled schedules (Cache sets it) */
@@ -533,9 +754,9 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
                             "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice",
                             "items", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiOO|(iii)i(nn)", names, &PyTuple_Type, &prologue,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)", names, &PyTuple_Type, &prologue,
                                      &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
-                                     &out_bytes, &allocate, &result, &traffic, &schedule, &base, &shift, &mask,
+                                     &out_bytes, &allocate, &result, &CountersType, &traffic, &schedule, &base, &shift, &mask,
                                      &notice, &x_items, &out_items))
         return -1;
     if (!mpi.bound) {
@@ -569,7 +790,7 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     self->x = Py_NewRef(Py_None);
     self->out = Py_NewRef(Py_None);
     self->allocate = Py_NewRef(allocate);
-    self->traffic = Py_NewRef(traffic);
+    self->traffic = (Counters *)Py_NewRef(traffic);
     self->schedule = Py_NewRef(schedule);
     Py_INCREF(prologue);
     self->prologue = prologue;
@@ -818,8 +1039,7 @@ static PyTypeObject ProgramType = {
 
 /* ---- shared helpers of the shortcuts ---- */
 
-static const char *traffic_fields[3] = {"bytes_sent", "bytes_received", "messages"};
-static PyObject *s_served, *s_shape, *s_dtype, *s_timeout, *s_calls, *s_freed, *s_broken, *one, *zero;
+static PyObject *s_shape, *s_dtype, *zero;
 
 /* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
 static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
@@ -832,14 +1052,6 @@ static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
         PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", type->tp_name, name);
     Py_XDECREF(descriptor);
     return offset;
-}
-
-/* The offsets of the __slots__ fields `names` in instances of `type`; -1 with an error if one is not. */
-static int offsets_of(PyTypeObject *type, const char **names, int n, Py_ssize_t *at) {
-    for (int i = 0; i < n; i++)
-        if ((at[i] = slot_offset(type, names[i])) < 0)
-            return -1;
-    return 0;
 }
 
 #define FIELD(object, offset) (*(PyObject **)((char *)(object) + (offset))) /* borrowed; NULL if unset */
@@ -860,49 +1072,6 @@ static PyObject *caught(void) {
     return error;
 }
 
-/* total += once, field by field (two Traffic objects; `at`: their fields' offsets). */
-static int add_traffic(PyObject *total, PyObject *once, const Py_ssize_t *at) {
-    if (once == NULL || Py_TYPE(once) != Py_TYPE(total)) {
-        PyErr_SetString(PyExc_TypeError, "a program's traffic is not a Traffic");
-        return -1;
-    }
-    for (int i = 0; i < 3; i++) {
-        PyObject *sum_so_far = FIELD(total, at[i]), *amount = FIELD(once, at[i]);
-        PyObject *sum = sum_so_far && amount ? PyNumber_Add(sum_so_far, amount) : NULL;
-        if (sum == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_AttributeError, "a Traffic field is unset");
-            return -1;
-        }
-        set_field(total, at[i], sum);
-        Py_DECREF(sum);
-    }
-    return 0;
-}
-
-/* ring.calls += 1; the new count (a new reference), NULL on an error. */
-static PyObject *next_call(PyObject *ring) {
-    PyObject *calls = PyObject_GetAttr(ring, s_calls), *now = NULL;
-    if (calls != NULL) {
-        now = PyNumber_Add(calls, one);
-        Py_DECREF(calls);
-    }
-    if (now != NULL && PyObject_SetAttr(ring, s_calls, now) < 0)
-        Py_CLEAR(now);
-    return now;
-}
-
-/* 1: the calling thread is the one the ring serves (Ring.served: its owner, while it is usable);
-   0: not, or not readable (no error set). Every C way into a call checks this first, under the
-   GIL, before it changes anything: a second thread goes to Python, which refuses it. */
-static int owned(PyObject *ring) {
-    PyObject *served = PyObject_GetAttr(ring, s_served);
-    int mine = served != NULL && PyLong_Check(served) && PyLong_AsUnsignedLong(served) == PyThread_get_thread_ident();
-    Py_XDECREF(served);
-    PyErr_Clear();
-    return mine;
-}
-
 /* The program's result after a run: its out, its x, or None (a new reference). */
 static PyObject *result_of(Program *p) {
     if (p->result == RESULT_OUT)
@@ -919,7 +1088,7 @@ static PyObject *result_of(Program *p) {
  *       the key: (collective, op, root, counts, algorithm, x.dtype, x.shape, out.dtype, out.shape,
  *       x is out), as mpiring.engine.schedule.layout_key makes it; a compiled schedule under it;
  *       x and out (where given) NumPy arrays, C-contiguous (out writable), of the schedule's sizes,
- *       the same array or apart; the thread the ring serves (its owner, while not broken or freed),
+ *       the same array or apart; the thread the state serves (its owner, while not broken or freed),
  *       nothing in flight, no per-call timeout (and no MPIRING_CHECK: not made then)
  *           yes ─► bind them (a new result when out= is not given) ─► the call count and
  *                  traffic ─► run ─► the result
@@ -945,16 +1114,11 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *table;        /* the compiled schedules by layout key (Engine.compiled, never replaced) */
-    PyObject *ring;         /* served and calls */
-    PyObject *in_flight;    /* ring.in_flight */
-    PyObject *traffic;      /* ring.traffic */
-    PyObject *engine; /* the communicator's Engine: its timeout */
+    HotState *state;        /* the communicator's: its programs, thread, calls, traffic, timeout */
     PyTypeObject *ndarray;  /* numpy.ndarray: only its exact instances are bound here */
     PyObject *in_python;    /* the call in Python */
     PyObject *after;        /* where Python takes over a run that stopped or raised */
     double yield_seconds;   /* the longest spin before Python's waiting.poll takes over */
-    Py_ssize_t traffic_at[3];
     /* the last hit, found again without building its key: its arguments but x and out (held),
        whether x was out, what x and out looked like (ArrayHead), and its program (held) */
     PyObject *memo_args[MEMO_ARGS];
@@ -981,25 +1145,29 @@ static int describe(Shortcut *self, PyObject *array, PyObject **dtype, PyObject 
     return 0;
 }
 
-/* The thread the ring serves calls (`owned`), and how long a wait of its calls spins (from the
-   engine's timeout): 1, else 0. */
+/* The thread the state serves calls (`owned`), its call count a plain int, and how long a wait
+   of its calls spins (from the default timeout): 1, else 0 (a miss). */
 static int spin_for(Shortcut *self, double *spin) {
-    PyObject *timeout = owned(self->ring) ? PyObject_GetAttr(self->engine, s_timeout) : NULL;
-    if (timeout == NULL)
+    const HotState *state = self->state;
+    PyObject *timeout = state->timeout;
+    if (!owned(state) || calls_now(state) < 0 || timeout == NULL)
         return 0;
-    *spin = -1.0;
-    if (timeout != Py_None) {
-        double seconds = PyFloat_AsDouble(timeout);
-        *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
+    if (timeout == Py_None) {
+        *spin = -1.0;
+        return 1;
     }
-    Py_DECREF(timeout);
-    return !PyErr_Occurred();
+    double seconds = PyFloat_CheckExact(timeout) ? PyFloat_AS_DOUBLE(timeout)
+                     : PyLong_CheckExact(timeout) ? PyLong_AsDouble(timeout) : -1.0;
+    if (seconds < 0) /* not a number of seconds (Engine.timeout stores floats): Python decides */
+        return 0;
+    *spin = seconds < self->yield_seconds ? seconds : self->yield_seconds;
+    return 1;
 }
 
 /* The compiled schedule of this call (borrowed: the table holds it) and its spin; NULL: a miss. */
 static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
     PyObject *x = args[1], *out = args[2];
-    if (args[7] != Py_None || PyList_GET_SIZE(self->in_flight)) /* Python checks a per-call timeout */
+    if (args[7] != Py_None || PyList_GET_SIZE(self->state->in_flight)) /* Python checks a per-call timeout */
         return NULL;
     PyObject *items[KEY_ITEMS] = {args[0], args[3], args[4], args[5], args[6], NULL, NULL, NULL, NULL,
                                   x == out && x != Py_None ? Py_True : Py_False};
@@ -1016,7 +1184,7 @@ static Program *hit(Shortcut *self, PyObject *const *args, double *spin) {
     if (key == NULL)
         for (int i = 5; i < 9; i++)
             Py_DECREF(items[i]);
-    PyObject *found = key ? PyDict_GetItemWithError(self->table, key) : NULL; /* unhashable: an error, a miss */
+    PyObject *found = key ? PyDict_GetItemWithError(self->state->programs, key) : NULL; /* unhashable: an error, a miss */
     Py_XDECREF(key);
     if (found == NULL || Py_TYPE(found) != &ProgramType || ((Program *)found)->exchanges == NULL)
         return NULL;
@@ -1212,16 +1380,19 @@ static int bind_call(Program *p, PyObject *x, PyObject *out) {
     return 0;
 }
 
-/* program.used = ring.calls = ring.calls + 1, and ring.traffic += program.traffic, as Python counts a call. */
-static int count_call(PyObject *ring, PyObject *total, const Py_ssize_t *at, Program *p) {
-    PyObject *now = next_call(ring);
-    if (now == NULL)
+/* program.used = state.calls = state.calls + 1 (a plain int: spin_for checked), and
+   state.traffic += program.traffic, as Python counts a call; -1 if out of memory. */
+static int count_call(HotState *state, Program *p) {
+    long long now = calls_now(state) + 1;
+    PyObject *number = count_to(state, now);
+    if (number == NULL)
         return -1;
-    p->used = PyLong_AsLongLong(now);
+    Py_DECREF(number);
+    p->used = now;
     p->runs++;
-    number_call(p, p->used);
-    Py_DECREF(now);
-    return PyErr_Occurred() ? -1 : add_traffic(total, p->traffic, at);
+    number_call(p, now);
+    add_counters(state->traffic, p->traffic);
+    return 0;
 }
 
 static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -1232,8 +1403,8 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
         PyErr_SetString(PyExc_RuntimeError, "a Shortcut called before it was made (__init__)");
         return NULL;
     }
-    if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL) {
-        if (args[7] == Py_None && !PyList_GET_SIZE(self->in_flight) && (program = memo_hit(self, args)) != NULL &&
+    if (PyVectorcall_NARGS(nargsf) == 8 && kwnames == NULL && hot_live(self->state)) {
+        if (args[7] == Py_None && !PyList_GET_SIZE(self->state->in_flight) && (program = memo_hit(self, args)) != NULL &&
             !spin_for(self, &spin))
             program = NULL;
         else if (program == NULL && (program = hit(self, args, &spin)) != NULL && program->nroots >= 2)
@@ -1245,8 +1416,7 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
     if (program == NULL)
         return PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
     Py_INCREF(program); /* a work callable could drop it from the table */
-    PyObject *stopped = count_call(self->ring, self->traffic, self->traffic_at, program) == 0
-                            ? run_from(program, 0, 0, spin) : NULL;
+    PyObject *stopped = count_call(self->state, program) == 0 ? run_from(program, 0, 0, spin) : NULL;
     if (stopped == Py_None && notice_waiting(program)) {  /* Python raises, naming the peer */
         Py_DECREF(stopped);
         stopped = Py_BuildValue("(nii)", program->length, STOPPED_NOTICE, 0);
@@ -1269,37 +1439,25 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
 }
 
 static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
-    PyObject *table, *ring, *engine, *ndarray, *in_python, *after;
+    PyObject *state, *ndarray, *in_python, *after;
     double yield_seconds;
-    static char *names[] = {"table", "ring", "engine", "ndarray", "in_python", "after", "yield_seconds", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!OOd", names, &PyDict_Type, &table, &ring, &engine,
-                                     &PyType_Type, &ndarray, &in_python, &after, &yield_seconds))
+    static char *names[] = {"state", "ndarray", "in_python", "after", "yield_seconds", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOd", names, &HotStateType, &state, &PyType_Type, &ndarray,
+                                     &in_python, &after, &yield_seconds) ||
+        !hot_ready((HotState *)state))
         return -1;
-    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
-    PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
-    int ok = traffic != NULL;
-    if (ok && !PyList_CheckExact(in_flight)) {
-        PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
-        ok = 0;
-    }
-    ok = ok && offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0;
-    if (ok) {
-        PyObject **slots[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->engine,
-                              (PyObject **)&self->ndarray, &self->in_python, &self->after};
-        PyObject *given[] = {table, ring, in_flight, traffic, engine, ndarray, in_python, after};
-        for (int i = 0; i < 8; i++)
-            Py_XSETREF(*slots[i], Py_NewRef(given[i]));
-        self->yield_seconds = yield_seconds;
-    }
-    Py_XDECREF(in_flight);
-    Py_XDECREF(traffic);
-    return ok ? 0 : -1;
+    Py_XSETREF(self->state, (HotState *)Py_NewRef(state));
+    Py_XSETREF(self->ndarray, (PyTypeObject *)Py_NewRef(ndarray));
+    Py_XSETREF(self->in_python, Py_NewRef(in_python));
+    Py_XSETREF(self->after, Py_NewRef(after));
+    self->yield_seconds = yield_seconds;
+    return 0;
 }
 
 static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
-    PyObject *held[] = {self->table, self->ring, self->in_flight, self->traffic, self->engine,
-                        (PyObject *)self->ndarray, self->in_python, self->after, (PyObject *)self->memo};
-    for (int i = 0; i < 9; i++)
+    PyObject *held[] = {(PyObject *)self->state, (PyObject *)self->ndarray, self->in_python, self->after,
+                        (PyObject *)self->memo};
+    for (int i = 0; i < 5; i++)
         Py_VISIT(held[i]);
     for (int i = 0; i < MEMO_ARGS; i++)
         Py_VISIT(self->memo_args[i]);
@@ -1307,9 +1465,9 @@ static int shortcut_traverse(Shortcut *self, visitproc visit, void *arg) {
 }
 
 static int shortcut_clear(Shortcut *self) {
-    PyObject **held[] = {&self->table, &self->ring, &self->in_flight, &self->traffic, &self->engine,
-                         (PyObject **)&self->ndarray, &self->in_python, &self->after, (PyObject **)&self->memo};
-    for (int i = 0; i < 9; i++)
+    PyObject **held[] = {(PyObject **)&self->state, (PyObject **)&self->ndarray, &self->in_python, &self->after,
+                         (PyObject **)&self->memo};
+    for (int i = 0; i < 5; i++)
         Py_CLEAR(*held[i]);
     for (int i = 0; i < MEMO_ARGS; i++)
         Py_CLEAR(self->memo_args[i]);
@@ -1336,7 +1494,7 @@ static PyTypeObject ShortcutType = {
     .tp_name = "mpiring.engine._replay.Shortcut",
     .tp_basicsize = sizeof(Shortcut),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Shortcut(table, ring, engine, ndarray, in_python, after, yield_seconds): a blocking call "
+    .tp_doc = "Shortcut(state, ndarray, in_python, after, yield_seconds): a blocking call "
               "whose schedule is compiled and cached, run without entering Python",
     .tp_new = shortcut_new,
     .tp_init = (initproc)shortcut_init,
@@ -1360,13 +1518,79 @@ static PyTypeObject ShortcutType = {
  *                  └── stopped waiting, a wrong size, an MPI error ─► resume_wait(stopped)
  *       no  ─► wait_in_python()
  *
- * The same decisions and state changes as the Python methods' lean paths; the request's own
- * fields at slot offsets found once. The program stays bound to the request's arrays for life.
+ * The same decisions and state changes as the Python methods' lean paths. The communicator's
+ * state is its HotState's fields, the request's own its RequestFields' (PersistentRequest
+ * subclasses that type); its call's step and number are written at __slots__ offsets found once
+ * when it is made, and its methods are given then. The program stays bound to the request's
+ * arrays for life.
  */
-enum { R_FREED, R_RUNNING, R_ERROR, R_POSITION, R_RUN, REQUEST_FIELDS };
-static const char *request_fields[REQUEST_FIELDS] = {"_freed", "_running", "_error", "_position", "_run"};
+
+/* A persistent request's fields that its C start and wait read and write, as C fields
+   (requests.PersistentRequest subclasses this; mpiring.engine.state has the Python form). */
+typedef struct {
+    PyObject_HEAD
+    char freed, running;  /* freed by free(); a run started and not yet complete */
+    Py_ssize_t position;  /* a recorded run: the exchange in flight (-1: never started) */
+    PyObject *error;      /* what the last run raised, or None */
+    PyObject *run;        /* a generator-driven run (a CollectiveRequest), or None */
+} RequestFields;
+
+static PyObject *request_fields_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    RequestFields *self = (RequestFields *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->position = -1;
+        self->error = Py_NewRef(Py_None);
+        self->run = Py_NewRef(Py_None);
+    }
+    return (PyObject *)self;
+}
+
+static int request_fields_traverse(RequestFields *self, visitproc visit, void *arg) {
+    Py_VISIT(self->error);
+    Py_VISIT(self->run);
+    return 0;
+}
+
+static int request_fields_clear(RequestFields *self) {
+    Py_CLEAR(self->error);
+    Py_CLEAR(self->run);
+    return 0;
+}
+
+static void request_fields_dealloc(RequestFields *self) {
+    PyObject_GC_UnTrack(self);
+    request_fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef request_fields_members[] = {
+    {"_freed", T_BOOL, offsetof(RequestFields, freed), 0, "whether free() was called"},
+    {"_running", T_BOOL, offsetof(RequestFields, running), 0, "a run started and not yet complete"},
+    {"_position", T_PYSSIZET, offsetof(RequestFields, position), 0, "the exchange in flight (-1: never started)"},
+    {"_error", T_OBJECT, offsetof(RequestFields, error), 0, "what the last run raised, or None"},
+    {"_run", T_OBJECT, offsetof(RequestFields, run), 0, "a generator-driven run, or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject RequestFieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.RequestFields",
+    .tp_basicsize = sizeof(RequestFields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A persistent request's fields that its C start and wait read, as C fields",
+    .tp_new = request_fields_new,
+    .tp_dealloc = (destructor)request_fields_dealloc,
+    .tp_traverse = (traverseproc)request_fields_traverse,
+    .tp_clear = (inquiry)request_fields_clear,
+    .tp_members = request_fields_members,
+};
+
+/* None, or a field never set (NULL) */
+static int none(PyObject *field) {
+    return field == NULL || field == Py_None;
+}
+/* the request's own methods, given in this order (PersistentRequest.take_shortcut) */
 enum { IN_PYTHON_START, IN_PYTHON_WAIT, FAILED_START, RESUME_WAIT, HANDLERS };
-static const char *handler_names[HANDLERS] = {"_start_in_python", "_wait_in_python", "_failed_start", "_resume_wait"};
 
 /* A bound array's fields when the request was made (ArrayHead): its memory is the program's root. */
 enum { BOUND_DIMS = 8 };
@@ -1381,10 +1605,12 @@ enum { BOUND_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE };
 
 typedef struct {
     PyObject_HEAD
-    PyObject *request, *engine, *ring, *in_flight, *traffic, *program, *call;
+    RequestFields *request;       /* the request itself */
+    PyObject *program, *call;
+    HotState *state;              /* the communicator's: its thread, calls, traffic, in flight, freed, broken */
     PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
     double spin;                  /* as PersistentRequest._spin */
-    Py_ssize_t request_at[REQUEST_FIELDS], traffic_at[3], step_at, number_at;
+    Py_ssize_t step_at, number_at; /* where the call keeps its step and number */
     Bound bound[2];               /* x and out as the program was bound to them */
 } Persistent;
 
@@ -1421,15 +1647,9 @@ static int still_bound(Persistent *self) {
     return p->nroots >= 2 && root_unchanged(p, 0, &self->bound[0]) && root_unchanged(p, 1, &self->bound[1]);
 }
 
-/* The engine not freed and its ring not broken (Engine._usable); 0 also if unreadable. */
-static int usable(Persistent *self) {
-    PyObject *freed = PyObject_GetAttr(self->engine, s_freed);
-    PyObject *broken = freed == Py_False ? PyObject_GetAttr(self->ring, s_broken) : NULL;
-    int yes = broken == Py_None;
-    Py_XDECREF(freed);
-    Py_XDECREF(broken);
-    PyErr_Clear();
-    return yes;
+/* The communicator not freed and its ring not broken (Engine._usable). */
+static int usable(const HotState *state) {
+    return state->freed == Py_False && state->broken == Py_None;
 }
 
 static PyObject *in_python(Persistent *self, int which) {
@@ -1446,25 +1666,26 @@ static int made(Persistent *self) {
 static PyObject *persistent_start(Persistent *self, PyObject *unused) {
     if (!made(self))
         return NULL;
-    PyObject *request = self->request;
-    const Py_ssize_t *at = self->request_at;
+    RequestFields *request = self->request;
     Program *program = (Program *)self->program;
-    if (FIELD(request, at[R_FREED]) != Py_False || FIELD(request, at[R_RUNNING]) != Py_False ||
-        PyList_GET_SIZE(self->in_flight) || program->exchanges == NULL || !usable(self) || !owned(self->ring) ||
-        !still_bound(self))
+    HotState *state = self->state;
+    if (!hot_live(state))
         return in_python(self, IN_PYTHON_START);
-    PyObject *now = next_call(self->ring);
+    long long calls = calls_now(state);
+    if (request->freed || request->running || PyList_GET_SIZE(state->in_flight) || program->exchanges == NULL ||
+        !usable(state) || !owned(state) || calls < 0 || !still_bound(self))
+        return in_python(self, IN_PYTHON_START);
+    PyObject *now = count_to(state, calls + 1);
     if (now == NULL)
         return NULL;
-    number_call(program, PyLong_AsLongLong(now)); /* the notice this run looks for at its end */
+    number_call(program, calls + 1); /* the notice this run looks for at its end */
     set_field(self->call, self->number_at, now);
     Py_DECREF(now);
     set_field(self->call, self->step_at, zero);
-    set_field(request, at[R_RUNNING], Py_True);
-    set_field(request, at[R_ERROR], Py_None);
-    if (add_traffic(self->traffic, program->traffic, self->traffic_at) < 0)
-        return NULL;
-    set_field(request, at[R_POSITION], zero);
+    request->running = 1;
+    Py_XSETREF(request->error, Py_NewRef(Py_None));
+    add_counters(state->traffic, program->traffic);
+    request->position = 0;
     int code = begin(program);
     if (code) {
         PyObject *failure = code < 0 ? caught() : PyLong_FromLong(code);
@@ -1473,8 +1694,8 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
         return result;
     }
     if (program->length == 0)
-        set_field(request, at[R_RUNNING], Py_False);
-    else if (PyList_Append(self->in_flight, request) < 0)
+        request->running = 0;
+    else if (PyList_Append(state->in_flight, (PyObject *)request) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -1482,24 +1703,20 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
 static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
     if (!made(self))
         return NULL;
-    PyObject *request = self->request;
-    const Py_ssize_t *at = self->request_at;
+    RequestFields *request = self->request;
     Program *program = (Program *)self->program;
-    PyObject *position_object = FIELD(request, at[R_POSITION]), *running = FIELD(request, at[R_RUNNING]);
-    int overflow = 1;
-    long long position = position_object && PyLong_CheckExact(position_object)
-                             ? PyLong_AsLongLongAndOverflow(position_object, &overflow) : -1;
-    if (overflow || position < 0 || FIELD(request, at[R_ERROR]) != Py_None || FIELD(request, at[R_RUN]) != Py_None ||
-        (running != Py_True && running != Py_False) || !owned(self->ring))
+    if (!hot_live(self->state) || request->position < 0 || !none(request->error) || !none(request->run) ||
+        !owned(self->state))
         return in_python(self, IN_PYTHON_WAIT);
-    if (running == Py_True) {
-        if (PyList_GET_SIZE(self->in_flight) != 1 || PyList_GET_ITEM(self->in_flight, 0) != request ||
+    if (request->running) {
+        PyObject *in_flight = self->state->in_flight;
+        if (PyList_GET_SIZE(in_flight) != 1 || PyList_GET_ITEM(in_flight, 0) != (PyObject *)request ||
             program->exchanges == NULL)
             return in_python(self, IN_PYTHON_WAIT);
-        if (PyList_SetSlice(self->in_flight, 0, 1, NULL) < 0)
+        if (PyList_SetSlice(in_flight, 0, 1, NULL) < 0)
             return NULL;
-        set_field(request, at[R_RUNNING], Py_False);
-        PyObject *stopped = run_from(program, (Py_ssize_t)position, 1, self->spin);
+        request->running = 0;
+        PyObject *stopped = run_from(program, request->position, 1, self->spin);
         if (stopped == NULL) /* recorded work raised: as in Python, the error goes to the caller */
             return NULL;
         if (stopped == Py_None && notice_waiting(program)) { /* Python raises, naming the peer */
@@ -1518,54 +1735,43 @@ static PyObject *persistent_wait(Persistent *self, PyObject *unused) {
     return result_of(program);
 }
 
+/* PersistentShortcut(request, state, program, call, spin, handlers): handlers are the request's
+   _start_in_python, _wait_in_python, _failed_start and _resume_wait, in that order. */
 static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
-    PyObject *request, *engine, *ring, *program, *call;
+    PyObject *request, *state, *program, *call, *handlers;
     double spin;
-    static char *names[] = {"request", "engine", "ring", "program", "call", "spin", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!Od", names, &request, &engine, &ring, &ProgramType,
-                                     &program, &call, &spin))
+    static char *names[] = {"request", "state", "program", "call", "spin", "handlers", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OdO!", names, &RequestFieldsType, &request, &HotStateType,
+                                     &state, &ProgramType, &program, &call, &spin, &PyTuple_Type, &handlers) ||
+        !hot_ready((HotState *)state))
         return -1;
-    PyObject *in_flight = PyObject_GetAttrString(ring, "in_flight");
-    PyObject *traffic = in_flight ? PyObject_GetAttrString(ring, "traffic") : NULL;
-    PyObject *handlers[HANDLERS] = {NULL};
-    int ok = traffic != NULL;
-    if (ok && !PyList_CheckExact(in_flight)) {
-        PyErr_SetString(PyExc_TypeError, "ring.in_flight must be a list");
-        ok = 0;
+    if (PyTuple_GET_SIZE(handlers) != HANDLERS) {
+        PyErr_SetString(PyExc_TypeError, "handlers: the request's four methods");
+        return -1;
     }
-    ok = ok && offsets_of(Py_TYPE(request), request_fields, REQUEST_FIELDS, self->request_at) == 0 &&
-         offsets_of(Py_TYPE(traffic), traffic_fields, 3, self->traffic_at) == 0 &&
-         (self->step_at = slot_offset(Py_TYPE(call), "step")) >= 0 &&
-         (self->number_at = slot_offset(Py_TYPE(call), "number")) >= 0;
-    for (int i = 0; ok && i < HANDLERS; i++)
-        ok = (handlers[i] = PyObject_GetAttrString(request, handler_names[i])) != NULL;
-    if (ok) {
-        PyObject **slots[] = {&self->request, &self->engine, &self->ring, &self->in_flight, &self->traffic,
-                              &self->program, &self->call};
-        PyObject *given[] = {request, engine, ring, in_flight, traffic, program, call};
-        for (int i = 0; i < 7; i++)
-            Py_XSETREF(*slots[i], Py_NewRef(given[i]));
-        for (int i = 0; i < HANDLERS; i++)
-            Py_XSETREF(self->handlers[i], Py_NewRef(handlers[i]));
-        self->spin = spin;
-        Program *p = (Program *)program;
-        for (int root = 0; root < 2; root++)
-            if (p->nroots >= 2)
-                keep_root(p, root, &self->bound[root]);
-            else
-                self->bound[root].state = BOUND_UNSEEN;
-    }
+    /* the call's own fields, by __slots__ offset (found once, here) */
+    if ((self->step_at = slot_offset(Py_TYPE(call), "step")) < 0 ||
+        (self->number_at = slot_offset(Py_TYPE(call), "number")) < 0)
+        return -1;
+    PyObject **slots[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program, &self->call};
+    PyObject *given[] = {request, state, program, call};
+    for (int i = 0; i < 4; i++)
+        Py_XSETREF(*slots[i], Py_NewRef(given[i]));
     for (int i = 0; i < HANDLERS; i++)
-        Py_XDECREF(handlers[i]);
-    Py_XDECREF(in_flight);
-    Py_XDECREF(traffic);
-    return ok ? 0 : -1;
+        Py_XSETREF(self->handlers[i], Py_NewRef(PyTuple_GET_ITEM(handlers, i)));
+    self->spin = spin;
+    Program *p = (Program *)program;
+    for (int root = 0; root < 2; root++)
+        if (p->nroots >= 2)
+            keep_root(p, root, &self->bound[root]);
+        else
+            self->bound[root].state = BOUND_UNSEEN;
+    return 0;
 }
 
 static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
-    PyObject *held[] = {self->request, self->engine, self->ring, self->in_flight, self->traffic, self->program,
-                        self->call};
-    for (int i = 0; i < 7; i++)
+    PyObject *held[] = {(PyObject *)self->request, (PyObject *)self->state, self->program, self->call};
+    for (int i = 0; i < 4; i++)
         Py_VISIT(held[i]);
     for (int i = 0; i < HANDLERS; i++)
         Py_VISIT(self->handlers[i]);
@@ -1573,9 +1779,8 @@ static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
 }
 
 static int persistent_clear(Persistent *self) {
-    PyObject **held[] = {&self->request, &self->engine, &self->ring, &self->in_flight, &self->traffic,
-                         &self->program, &self->call};
-    for (int i = 0; i < 7; i++)
+    PyObject **held[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program, &self->call};
+    for (int i = 0; i < 4; i++)
         Py_CLEAR(*held[i]);
     for (int i = 0; i < HANDLERS; i++)
         Py_CLEAR(self->handlers[i]);
@@ -1601,7 +1806,7 @@ static PyTypeObject PersistentType = {
     .tp_name = "mpiring.engine._replay.PersistentShortcut",
     .tp_basicsize = sizeof(Persistent),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "PersistentShortcut(request, engine, ring, program, call, spin): a compiled persistent "
+    .tp_doc = "PersistentShortcut(request, state, program, call, spin, handlers): a compiled persistent "
               "request's start() and wait() in C where its lean path holds, else its own methods",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)persistent_init,
@@ -1660,27 +1865,28 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.native).", -1, module_methods,
 };
 
+/* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape) */
 static int intern_names(void) {
-    return (s_served = PyUnicode_InternFromString("served")) && (s_shape = PyUnicode_InternFromString("shape")) &&
-                   (s_dtype = PyUnicode_InternFromString("dtype")) &&
-                   (s_timeout = PyUnicode_InternFromString("timeout")) && (s_calls = PyUnicode_InternFromString("calls")) &&
-                   (s_freed = PyUnicode_InternFromString("freed")) &&
-                   (s_broken = PyUnicode_InternFromString("broken")) && (one = PyLong_FromLong(1)) &&
+    return (s_shape = PyUnicode_InternFromString("shape")) && (s_dtype = PyUnicode_InternFromString("dtype")) &&
                    (zero = PyLong_FromLong(0))
                ? 0
                : -1;
 }
 
 PyMODINIT_FUNC PyInit__replay(void) {
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&ShortcutType) < 0 || PyType_Ready(&PersistentType) < 0 ||
+    if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&HotStateType) < 0 || PyType_Ready(&ProgramType) < 0 ||
+        PyType_Ready(&ShortcutType) < 0 || PyType_Ready(&RequestFieldsType) < 0 || PyType_Ready(&PersistentType) < 0 ||
         intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
+    if (PyModule_AddObjectRef(m, "Counters", (PyObject *)&CountersType) < 0 ||
+        PyModule_AddObjectRef(m, "HotState", (PyObject *)&HotStateType) < 0 ||
+        PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
         PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0 ||
         PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0 ||
+        PyModule_AddObjectRef(m, "RequestFields", (PyObject *)&RequestFieldsType) < 0 ||
         PyModule_AddIntConstant(m, "WORK_COPY", WORK_COPY) < 0 || PyModule_AddIntConstant(m, "WORK_OP", WORK_OP) < 0 ||
         PyModule_AddIntConstant(m, "WORK_DIVIDE", WORK_DIVIDE) < 0 ||
         PyModule_AddIntConstant(m, "WORK_EXPECT", WORK_EXPECT) < 0) {

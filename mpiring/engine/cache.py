@@ -9,7 +9,8 @@ evict each other every call). Pinned entries (`pinned` > 0: something replays th
 directly, as the benchmark's ceiling does) are never evicted.
 
 `compiled` mirrors the schedules that have a C form, key -> Program: what the C Shortcut looks
-up (mpiring.engine.native), so that it reads no Python object of the cache.
+up (mpiring.engine.native), so that it reads no Python object of the cache. It is the
+communicator's HotState.programs, which the Shortcut holds.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ class Cache:
 
     __slots__ = ("table", "compiled", "allocated", "_max_entries", "_max_bytes")
 
-    def __init__(self, entries: int = ENTRIES_KEPT, nbytes: int = ENTRY_BYTES_KEPT) -> None:
+    def __init__(self, compiled: dict[tuple, Any] | None = None, entries: int = ENTRIES_KEPT,
+                 nbytes: int = ENTRY_BYTES_KEPT) -> None:
         self.table: dict[tuple, Any] = {}  # key -> schedule, plan or sighting; the same dict for life
-        self.compiled: dict[tuple, Any] = {}  # key -> a schedule's Program; the same dict for life
+        # key -> a schedule's Program; the same dict for life (HotState.programs)
+        self.compiled: dict[tuple, Any] = {} if compiled is None else compiled
         self._max_entries, self._max_bytes = entries, nbytes
         self.allocated = 0
 

@@ -93,21 +93,36 @@ class Engine:
     """The engine of one communicator: its ring, cache of schedules and plans, consistency check
     (MPIRING_CHECK; None when off), default timeout (None: no limit) and whether it was freed.
 
-    `builders` maps each collective to its builder (the communicator's argument checks). The C
-    Shortcut and a persistent request's C start and wait read `timeout` and `freed` here."""
+    `builders` maps each collective to its builder (the communicator's argument checks). The
+    default timeout, whether it was freed and the table of compiled schedules live in the ring's
+    HotState (`hot`), which the C Shortcut and a persistent request's C start and wait read."""
 
     def __init__(self, ring: Ring, check: Any, timeout: float | None, builders: dict[str, Builder]) -> None:
         self.ring = ring
+        self.hot = ring.hot
         self.check = check
         self.timeout = timeout
-        self.freed = False
-        self.cache = Cache()  # schedules (host) and plans (device) of repeated calls
+        # schedules (host) and plans (device) of repeated calls; the compiled ones in hot.programs
+        self.cache = Cache(self.hot.programs)
         self._builders = builders
         # a blocking call: a cached one in C where it can be (native.shortcut), else in Python
         self.run: Callable[..., Any] = self.run_in_python
         if check is None:
-            self.run = native.shortcut(self.cache.compiled, ring, self, self.run_in_python, self._after_shortcut,
-                                         YIELD_SECONDS)
+            self.run = native.shortcut(self.hot, self.run_in_python, self._after_shortcut, YIELD_SECONDS)
+
+    @property
+    def timeout(self) -> float | None:
+        """The default timeout of the communicator's calls in seconds (None: no limit)."""
+        return self.hot.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float | None) -> None:
+        self.hot.timeout = None if seconds is None else float(seconds)  # (C reads a float)
+
+    @property
+    def freed(self) -> bool:
+        """Whether the communicator was freed."""
+        return self.hot.freed
 
     def free(self) -> None:
         """Free the communicator (Communicator.free): in-flight calls finish first, then the cache,
@@ -119,7 +134,7 @@ class Engine:
         for request in list(ring.in_flight):
             with contextlib.suppress(MpiringError):  # kept by the request: its wait() raises it
                 request.wait()
-        self.freed = True
+        self.hot.freed = True
         ring.served = None  # no fast path takes a call now
         self.run = self.run_in_python  # the shortcut's memo of its last hit goes too
         self.cache.clear(keep=ring.abandoned)
@@ -154,7 +169,7 @@ class Engine:
         checked, its sequence number taken, and compared across the ranks under MPIRING_CHECK."""
         self._usable(collective)
         algorithm = check_algorithm(collective, algorithm)
-        timeout = self.timeout if timeout is None else self.limit(collective, timeout)
+        timeout = self.hot.timeout if timeout is None else self.limit(collective, timeout)
         call = Call(collective, algorithm, self.ring.next_tag(), timeout, checked=(x, op, root, counts))
         if self.check is not None:  # MPIRING_CHECK: the ranks compare x, op, root and counts first
             self.check.compare(call, x, op, root, counts)  # its exchange, like every call, breaks the ring on failure
@@ -175,12 +190,13 @@ class Engine:
         return math.inf if seconds is None and self.ring.liveness is not None else seconds
 
     def _usable(self, collective: str) -> None:
-        if self.freed:
+        hot = self.hot
+        if hot.freed:
             raise CommunicatorFreedError(collective)
         if self.ring.liveness is not None and self.ring.liveness.failed:
             raise self.ring.liveness.error(collective)
-        if self.ring.broken is not None:
-            raise CommunicatorBrokenError(collective, self.ring.broken)
+        if hot.broken is not None:
+            raise CommunicatorBrokenError(collective, hot.broken)
 
     def _build(self, collective: str, *args: Any) -> Built:
         """Run a collective's builder. A call that raises before it took its sequence number (a
@@ -188,13 +204,14 @@ class Engine:
         number and no message of this call can ever be matched by the next one. Only the
         communicator's own thread may call (Ring.claim)."""
         self.ring.claim(collective)
-        taken = self.ring.calls
+        hot = self.hot
+        taken = hot.calls
         try:
             if self.ring.in_flight:
                 self._check_aliasing(collective, args[0], args[1])
             return self._builders[collective](*args)  # Communicator._allreduce and the like
         except BaseException as error:
-            if self.ring.calls == taken:
+            if hot.calls == taken:
                 self.ring.next_tag()
                 if self.check is not None and isinstance(error, ArgumentError):
                     self._refuse(collective, error)
@@ -232,7 +249,7 @@ class Engine:
     def run_in_python(self, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
                       algorithm: Any, timeout: Any) -> Any:
         """A blocking call that the C Shortcut did not take (or `run` where there is none)."""
-        if self.ring.served != get_ident():  # another thread, a first call, or not usable
+        if self.hot.served != get_ident():  # another thread, a first call, or not usable
             self._refused(collective)
         if (x.__class__ is _NDARRAY or x is None) and (out is None or out.__class__ is _NDARRAY):
             return self._on_host_arrays(collective, x, out, op, root, counts, algorithm, timeout)
@@ -274,12 +291,13 @@ class Engine:
         if known.__class__ is Schedule and known.fits(x, out):
             # the call count keeps the ranks' sequence numbers together, as a built call does,
             # and dates the schedule's use (the least recently used is evicted first)
-            ring.calls = known.used = ring.calls + 1
-            if ring.in_flight:
+            hot = self.hot
+            hot.calls = known.used = hot.calls + 1
+            if hot.in_flight:
                 self._check_aliasing(collective, x, out)
             if self.check is not None:
                 self.check.compare(known.call, *self.checked(collective, x, out, op, root, counts))
-            result = self._run_schedule(known, x, out, self.timeout if timeout is None else
+            result = self._run_schedule(known, x, out, hot.timeout if timeout is None else
                                         self.limit(collective, timeout))
             if known.stale:
                 self._forget(known)
@@ -347,7 +365,7 @@ class Engine:
 
     def _run_schedule(self, schedule: Schedule, x: Any, out: Any, timeout: float | None) -> Any:
         schedule.count_run()
-        schedule.number(self.ring.calls)
+        schedule.number(self.hot.calls)
         self.ring.received += schedule.receives
         schedule.bind(x, out)
         result = run_recorded(self.ring, schedule, timeout)  # raising, it stays bound: MPI may still use them
@@ -371,12 +389,12 @@ class Engine:
             # environment on every call): compare their backend too.
             if (known.__class__ is Plan and known.fits(x, out)  # (the thread was checked on the way in)
                     and backend_for(out if x is None else x) is known.backend):
-                ring.calls = known.used = ring.calls + 1
+                self.hot.calls = known.used = self.hot.calls + 1
                 if ring.in_flight:
                     self._check_aliasing(collective, x, out)
                 if self.check is not None:
                     self.check.compare(known.call, *known.call.checked)
-                timeout = self.timeout if timeout is None else self.limit(collective, timeout)
+                timeout = self.hot.timeout if timeout is None else self.limit(collective, timeout)
                 result = run_recorded(ring, known, timeout)
                 if known.receives:  # it took data: none may come from a call a peer left
                     no_notice(ring, collective, algorithm)
@@ -451,14 +469,14 @@ class Engine:
         if _foreign(args[0], args[1]):  # x, out of another library: see run_in_python
             from mpiring import interop
             return interop.start(self.start, collective, *args)
-        if self.ring.served != get_ident():
+        if self.hot.served != get_ident():
             self._refused(collective)
         try:
             built = self._build(collective, *args)
             call = built.call
             # its sequence number, with its kind beside it: ranks that start different kinds of
             # call at the same place never match each other's messages
-            call.tag = self.ring.tags.sequence(self.ring.calls, built.identity())
+            call.tag = self.ring.tags.sequence(self.hot.calls, built.identity())
             call.arrays = (args[0], args[1])  # x, out
             return CollectiveRequest(self.ring, built.body(built.backend), built.call)
         except BaseException:
@@ -471,8 +489,8 @@ class Engine:
         if _foreign(x, out):  # see run_in_python
             from mpiring import interop
             return interop.start(self.persistent, collective, x, out, *args)
-        ring = self.ring
-        if ring.served != get_ident():
+        ring, hot = self.ring, self.hot
+        if hot.served != get_ident():
             self._refused(collective)
         try:
             built = self._build(collective, x, out, *args)
@@ -490,17 +508,17 @@ class Engine:
         call.arrays = (x, out)
 
         def started() -> None:  # what every call checks, for each start (the checks inline: a hot path)
-            if ring.served != get_ident() or self.freed or ring.broken is not None:
+            if hot.served != get_ident() or hot.freed or hot.broken is not None:
                 self._refused(call.collective)
-            ring.calls += 1
-            if ring.in_flight:
+            hot.calls += 1
+            if hot.in_flight:
                 self._check_aliasing(call.collective, x, out)
             if self.check is not None:
                 self.check.compare(call, *call.checked)
 
         request = PersistentRequest(ring, call, recorded, lambda: body(backend), started)
         if self.check is None:  # else `started` compares every run's arguments: in Python
-            request.take_shortcut(self)
+            request.take_shortcut(hot)
         return request
 
     def _record_persistent(self, built: Built, x: Any, out: Any) -> Schedule | Plan | None:

@@ -20,12 +20,19 @@ import numpy as np
 from mpi4py import MPI
 
 from mpiring import environment
+from mpiring.engine import state
 from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, UFUNC_NAMES
 
 try:
     from mpiring.engine import _replay
 except ImportError:  # not built (no compiler at install time): everything replays in Python
     _replay = None
+
+# A communicator's hot state and its traffic's fields: C fields where the extension was built,
+# which the C paths below read directly; else the same fields in Python (mpiring.engine.state).
+HotState: Any = state.HotState if _replay is None else _replay.HotState
+Counters: Any = state.Counters if _replay is None else _replay.Counters
+RequestFields: Any = state.RequestFields if _replay is None else _replay.RequestFields
 
 # Program.run's reasons for stopping
 STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR, STOPPED_CHANGED, STOPPED_NOTICE = 0, 1, 2, 3, 4
@@ -262,24 +269,26 @@ def start(program: Any, index: int) -> None:
         raise MPI.Exception(code)
 
 
-def shortcut(table: dict, ring: Any, engine: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
-    """A blocking call that takes a compiled schedule from `table` (layout key -> Program) without
-    running Python (`Shortcut` in _replay.c), and otherwise calls `in_python` with the same
+def shortcut(hot: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
+    """A blocking call that takes a compiled schedule from `hot.programs` (layout key -> Program)
+    without running Python (`Shortcut` in _replay.c), and otherwise calls `in_python` with the same
     arguments; `in_python` itself where the extension was not built or cannot reach the MPI library.
-    It reads `engine.timeout` (the default timeout) and `ring.served`, and hands a call that stopped
-    or raised to `after` (Engine._after_shortcut)."""
+    It reads and counts in the communicator's HotState `hot` (its thread, default timeout, calls in
+    flight, call count and traffic), and hands a call that stopped or raised to `after`
+    (Engine._after_shortcut)."""
     if not available():
         return in_python
-    return _replay.Shortcut(table, ring, engine, np.ndarray, in_python, after, yield_seconds)
+    return _replay.Shortcut(hot, np.ndarray, in_python, after, yield_seconds)
 
 
-def persistent_shortcut(request: Any, engine: Any, ring: Any, program: Any, call: Any,
-                        spin: float) -> tuple | None:
+def persistent_shortcut(request: Any, hot: Any, program: Any, call: Any, spin: float,
+                        handlers: tuple) -> tuple | None:
     """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
-    handing what it does not take to the request's own method (it reads `engine.freed`); None where
-    there is no program."""
+    handing what it does not take to the request's own method (`handlers`: its _start_in_python,
+    _wait_in_python, _failed_start and _resume_wait); it reads and counts in the communicator's
+    HotState `hot`. None where there is no program."""
     if not available() or program is None:
         return None
-    made = _replay.PersistentShortcut(request, engine, ring, program, call, spin)
+    made = _replay.PersistentShortcut(request, hot, program, call, spin, handlers)
     return made.start, made.wait
 

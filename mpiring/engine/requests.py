@@ -58,7 +58,7 @@ class CollectiveRequest:
         self._result: Any = None
         self._error: BaseException | None = None
         self._step: Step | None = None
-        call.number = ring.calls  # its notice, if a rank leaves it, names it
+        call.number = ring.hot.calls  # its notice, if a rank leaves it, names it
         self._advance()
         if ring.in_flight:
             progress_others(ring)  # requests tested once and dropped finish as later calls come
@@ -105,7 +105,7 @@ class CollectiveRequest:
 
         It raises only what wait() would raise at the same point (it never waits, so never a
         timeout), and once it has raised, test(), wait() and `result` raise that error again."""
-        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+        if self._ring.hot.owner != get_ident():  # only the communicator's thread (Ring.claim)
             self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
@@ -127,7 +127,7 @@ class CollectiveRequest:
 
     def wait(self) -> Any:
         """Block until the collective is done and return its result (None for barrier)."""
-        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+        if self._ring.hot.owner != get_ident():  # only the communicator's thread (Ring.claim)
             self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
@@ -151,7 +151,7 @@ class CollectiveRequest:
     @property
     def result(self) -> Any:
         """The collective's result once test() has returned True (or wait() returned)."""
-        if self._ring.owner != get_ident():
+        if self._ring.hot.owner != get_ident():
             self._ring.claim(self._call.collective)
         if self._error is not None:
             raise self._error
@@ -188,7 +188,7 @@ class MessagesOnly:
             self._compiled.release()
 
 
-class PersistentRequest:
+class PersistentRequest(native.RequestFields):
     """A collective made once and started many times (MPI-4's persistent collectives).
 
     `start()` begins a run; `test()` and `wait()` then behave as a nonblocking collective's
@@ -203,12 +203,12 @@ class PersistentRequest:
     have start() and wait() in C (`take_shortcut`).
     """
 
-    # slots: the C start() and wait() (native.persistent_shortcut) read and write some by offset
+    # _freed, _running, _position, _error and _run are RequestFields': C fields where the C start()
+    # and wait() (native.persistent_shortcut) read and write them
     __slots__ = {
         "start": "Begin a run (the previous one must have completed).",
         "wait": "Block until the run started last completes; return its result.",
-        **dict.fromkeys(("_ring", "_call", "_recorded", "_replay", "_started", "_run", "_position", "_running",
-                         "_freed", "_error", "holds", "_spin", "_bound")),
+        **dict.fromkeys(("_ring", "_call", "_recorded", "_replay", "_started", "holds", "_spin", "_bound")),
     }
 
     def __init__(self, ring: Ring, call: Call, recorded: Any | None,
@@ -249,13 +249,15 @@ class PersistentRequest:
                                 f"made read-only since this persistent request was made (now {_described(array)}): "
                                 "its runs read and write the memory it had then; make a new request")
 
-    def take_shortcut(self, engine: Any) -> None:
+    def take_shortcut(self, hot: Any) -> None:
         """Start and wait in C where they can (a compiled schedule or plan, the lean paths below;
-        its communicator checked as `started` checks it, which must not compare calls, MPIRING_CHECK)."""
+        its communicator, whose HotState is `hot`, checked as `started` checks it, which must not
+        compare calls, MPIRING_CHECK)."""
         recorded = self._recorded
         if recorded is not None and recorded.length is not None:
+            handlers = (self._start_in_python, self._wait_in_python, self._failed_start, self._resume_wait)
             self.start, self.wait = native.persistent_shortcut(
-                self, engine, self._ring, recorded.compiled, self._call, self._spin) or (self.start, self.wait)
+                self, hot, recorded.compiled, self._call, self._spin, handlers) or (self.start, self.wait)
 
     @property
     def arrays(self) -> tuple:
@@ -263,12 +265,12 @@ class PersistentRequest:
         return self._call.arrays
 
     def _start_in_python(self) -> None:
-        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+        if self._ring.hot.owner != get_ident():  # only the communicator's thread (Ring.claim)
             self._ring.claim(self._call.collective)
         if self._freed or self._running:
             self._refuse_start()
         self._started()  # the run takes its number on every rank, refused here or not
-        self._call.number = self._ring.calls
+        self._call.number = self._ring.hot.calls
         try:
             self._check_binding()
         except ArgumentError as error:  # for good: its peers' messages for this run are on its tag
@@ -343,7 +345,7 @@ class PersistentRequest:
 
     def test(self) -> bool:
         """True once the run started last has completed (advancing it, never blocking)."""
-        if self._ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+        if self._ring.hot.owner != get_ident():  # only the communicator's thread (Ring.claim)
             self._ring.claim(self._call.collective)
         self._check_started()
         if not self._running:
@@ -356,7 +358,7 @@ class PersistentRequest:
 
     def _wait_in_python(self) -> Any:
         ring, call = self._ring, self._call
-        if ring.owner != get_ident():  # only the communicator's thread (Ring.claim)
+        if ring.hot.owner != get_ident():  # only the communicator's thread (Ring.claim)
             ring.claim(call.collective)
         self._check_started()
         if self._run is not None:
@@ -392,7 +394,7 @@ class PersistentRequest:
     @property
     def result(self) -> Any:
         """The result once test() has returned True (or wait() returned)."""
-        if self._ring.owner != get_ident():
+        if self._ring.hot.owner != get_ident():
             self._ring.claim(self._call.collective)
         self._check_started()
         if self._run is not None:
@@ -404,7 +406,7 @@ class PersistentRequest:
     def free(self) -> None:
         """Release the request's MPI resources (not while a run is in flight). Only from the
         communicator's thread, or once that thread has ended (Ring.claim_to_free)."""
-        if self._ring.owner != get_ident():
+        if self._ring.hot.owner != get_ident():
             self._ring.claim_to_free(self._call.collective)
         if self._running:
             raise RuntimeError(f"this persistent {self._call.collective} request is still running: wait() first")

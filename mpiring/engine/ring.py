@@ -7,8 +7,11 @@ rest of the engine (mpiring.engine) works on.
 Algorithms see only a Ring: its topology, `post` (hand a step's messages to MPI, or to the plan
 being recorded) and `scratch` (a temporary buffer). Everything else here is the bookkeeping the
 engine keeps per communicator: the tags taken so far, the traffic counted, the collectives in
-flight, why the ring broke. Where the rest lives:
+flight, why the ring broke. What every call reads or counts (the call count, the threads, the
+traffic, the calls in flight, why it broke) lives in its HotState (`Ring.hot`, shared with the
+Engine), whose C fields the compiled paths read directly. Where the rest lives:
 
+    mpiring.engine.state       HotState: the hot fields (in C where built: mpiring.engine.native)
     mpiring.engine.transport   Step, Call, Traffic; a step's requests; MPI errors in words
     mpiring.engine.waiting     how a wait behaves: timeouts, notices, mismatches
     mpiring.engine.scratch     the pool behind `scratch`
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy
 from mpi4py import MPI
 
+from mpiring.engine.native import HotState
 from mpiring.engine.scratch import POOL_FROM_BYTES, Scratch, ScratchPool
 from mpiring.engine.tags import Tags
 from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
@@ -57,11 +62,30 @@ class InFlight(Protocol):
     def wait(self) -> Any: ...  # block until done
 
 
+def _hot(name: str, doc: str) -> property:
+    """A field of the ring's HotState, read and written there: one copy, which the C paths read too."""
+
+    def write(ring: Ring, value: Any) -> None:
+        setattr(ring.hot, name, value)
+
+    return property(attrgetter(f"hot.{name}"), write, doc=doc)
+
+
 class Ring:
     """A communicator seen as a ring, with the state the engine keeps for it.
 
     Rank r receives from `left` (r-1) and sends to `right` (r+1), mod `size`.
     """
+
+    calls = _hot("calls", "collective calls made so far; each took a tag")
+    # why this rank may have messages of an abandoned call in flight (the Communicator then
+    # refuses every later call: those messages could match a later call's receives)
+    broken = _hot("broken", "why the ring broke (None: usable)")
+    owner = _hot("owner", "the thread that made the first call (see `claim`)")
+    # the thread whose calls the fast paths take (the C Shortcut, a cached call in Python, a
+    # persistent request's C start and wait): the owner while the ring is usable, None before
+    # its first call and once it broke or was freed; each fast path compares only this
+    served = _hot("served", "the thread the fast paths serve (None: none)")
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm
@@ -69,7 +93,9 @@ class Ring:
         self.size = comm.Get_size()
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
-        self.traffic = Traffic()  # reset, never replaced: native.shortcut holds it (as in_flight)
+        # the hot fields (above), shared with the Engine and read by the C paths
+        self.hot = HotState(Traffic())
+        self.traffic = self.hot.traffic  # reset, never replaced (as in_flight)
         # MPI attaches MPI_TAG_UB to COMM_WORLD; Open MPI's split communicators do not carry it
         tag_ub = comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.tags = Tags(int(tag_ub) if tag_ub else None)
@@ -98,20 +124,11 @@ class Ring:
         # the node has a core for each of its ranks: waits spin without offering the core (the
         # Communicator finds out; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
         self.busy_poll = False
-        self.calls = 0  # collective calls made so far; each took a tag
         self.received = 0  # steps posted with receives so far (a call that received nothing needs no notice check)
         self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (the Communicator sets it)
         # nonblocking collectives not yet done: every wait advances them all (waiting.wait_step)
-        self.in_flight: list[InFlight] = []
+        self.in_flight: list[InFlight] = self.hot.in_flight
         self.in_flight_bytes = IN_FLIGHT_BYTES  # the most their arrays may hold (MPIRING_INFLIGHT_BYTES)
-        # why this rank may have messages of an abandoned call in flight (the Communicator then
-        # refuses every later call: those messages could match a later call's receives)
-        self.broken: str | None = None
-        self.owner: int | None = None  # the thread that made the first call (see `claim`)
-        # the thread whose calls the fast paths take (the C Shortcut, a cached call in Python, a
-        # persistent request's C start and wait): the owner while the ring is usable, None before
-        # its first call and once it broke or was freed; each fast path compares only this
-        self.served: int | None = None
         # survival on (mpiring.survival.Liveness): every wait polls and ends when its `failed` is set
         self.liveness: Any = None
         self._owner_thread: threading.Thread | None = None
@@ -192,14 +209,15 @@ class Ring:
     def next_tag(self) -> int:
         """A sequence tag for the next collective call; every rank calls collectives in the same
         order, and every call takes one, even one that raises."""
-        self.calls += 1
-        return self.tags.sequence(self.calls)
+        hot = self.hot
+        hot.calls += 1
+        return self.tags.sequence(hot.calls)
 
     def blocking_tag(self, identity: int, numbered: bool = True) -> int:
         """The tag of the blocking call running now, of this identity (mpiring.identity), with its
         sequence number (`numbered`; calls on device buffers, whose plans bind their tags for
         life, take none); its generation changes after every call that raised here."""
-        return self.tags.blocking(self.failures, identity, self.calls if numbered else 0)
+        return self.tags.blocking(self.failures, identity, self.hot.calls if numbered else 0)
 
     def persistent_tag(self, identity: int) -> int:
         """A tag for a new persistent request of this identity (made collectively, in the same
@@ -220,17 +238,17 @@ class Ring:
         CommunicatorBrokenError. Every way into a communicator (a call, a request's start,
         test, wait or result, free) checks this before it touches the ring's state.
         """
-        thread = threading.get_ident()
-        if self.owner is None:
+        thread, hot = threading.get_ident(), self.hot
+        if hot.owner is None:
             with _FIRST_CLAIM:  # two threads calling first at once: one of them owns it
-                if self.owner is None:
-                    self.owner, self._owner_thread = thread, threading.current_thread()
-                    if self.broken is None:
-                        self.served = thread
-        if self.owner != thread:
+                if hot.owner is None:
+                    hot.owner, self._owner_thread = thread, threading.current_thread()
+                    if hot.broken is None:
+                        hot.served = thread
+        if hot.owner != thread:
             collective = collective.lstrip("_")
-            self.broken = self.broken or f"{collective} (called from a second thread)"
-            self.served = None
+            hot.broken = hot.broken or f"{collective} (called from a second thread)"
+            hot.served = None
             raise ConcurrentUseError(collective)
 
     def claim_to_free(self, what: str) -> None:

@@ -55,10 +55,7 @@ def run_to_end(ring: Ring, steps: Steps, call: Call) -> Any:
 
 
 def count_traffic(ring: Ring, recorded: Any) -> None:
-    traffic, once = ring.traffic, recorded.traffic
-    traffic.bytes_sent += once.bytes_sent
-    traffic.bytes_received += once.bytes_received
-    traffic.messages += once.messages
+    ring.traffic.add(recorded.traffic)
 
 
 def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
@@ -68,10 +65,7 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
     else in flight) calls the C replay directly: each Python call and attribute costs tens of ns."""
     call = recorded.call
     call.timeout = timeout
-    traffic, once = ring.traffic, recorded.traffic  # count_traffic, inline
-    traffic.bytes_sent += once.bytes_sent
-    traffic.bytes_received += once.bytes_received
-    traffic.messages += once.messages
+    ring.traffic.add(recorded.traffic)  # count_traffic, inline
     program, stopped = recorded.compiled, None
     try:
         if recorded.length is None:  # a plan whose steps overlap

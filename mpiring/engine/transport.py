@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
+from mpiring.engine.native import Counters
 from mpiring.errors import CommunicationError
 
 if TYPE_CHECKING:
@@ -37,13 +38,10 @@ def shift_windows(size: int, window: int) -> Iterator[range]:
     return (range(first, min(first + window, size)) for first in range(1, size, window))
 
 
-@dataclass(slots=True)  # slots: native.shortcut counts into them
-class Traffic:
+class Traffic(Counters):  # its fields are C ones where the extension was built: the C paths count into them
     """What this communicator has handed to MPI since it was made (or last reset)."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages: int = 0  # messages sent
+    __slots__ = ()  # bytes_sent, bytes_received, messages (sent): Counters'
 
     def reset(self) -> None:
         self.bytes_sent = self.bytes_received = self.messages = 0
@@ -122,6 +120,7 @@ def make_step(
     made anew")."""
     receive, send = (comm.Recv_init, comm.Send_init) if persistent else (comm.Irecv, comm.Isend)
     step = Step()
+    received = sent = 0  # counted once per step: `traffic`'s fields may be C ones, boxed at each read
     for buf, source in receives:
         message, after = backend.receive_message(buf)
         step.receives.append((len(step.requests), buf.nbytes, source))
@@ -129,7 +128,7 @@ def make_step(
         step.peers.append(("receive from", source))
         if after is not None:
             step.after.append(after)
-        traffic.bytes_received += buf.nbytes
+        received += buf.nbytes
     for buf, dest in sends:
         message = backend.send_message(buf)
         if persistent and not persistent_sends:
@@ -138,8 +137,12 @@ def make_step(
         else:
             step.requests.append(send(message, dest, tag))
         step.peers.append(("send to", dest))
-        traffic.bytes_sent += buf.nbytes
-        traffic.messages += 1
+        sent += buf.nbytes
+    if received:
+        traffic.bytes_received += received
+    if sends:
+        traffic.bytes_sent += sent
+        traffic.messages += len(sends)
     if persistent:
         started = step.requests[: len(step.requests) - len(step.fresh_sends)]  # the persistent ones
         if step.fresh_sends:

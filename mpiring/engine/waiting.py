@@ -373,7 +373,7 @@ def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | N
     asks the same)."""
     if ring.size == 1:
         return
-    number = ring.calls if calls is None else calls
+    number = ring.hot.calls if calls is None else calls
     tag = ring.tags.notice(ring.failures, number)  # a notice that a peer left this very call
     if tag is not None and ring.comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
         raise MessageMismatchError(collective, f"rank {ring.probed.Get_source()} raised in this call and left it "
