@@ -155,7 +155,8 @@ class Communicator(BufferAPI):
     def shrink(self) -> Communicator:
         """A new Communicator of the live ranks, in the same order, every survivor agreeing on who
         they are (ULFM's MPI_Comm_shrink; collective over the survivors). A rank lost while it
-        runs is left out too. The new communicator has this one's timeout, check and survival.
+        runs is left out too. The new communicator has this one's timeout, check and survival. Where
+        MPI does not make it within the timeout, CommunicationError.
         Without survival, no rank can be known lost: a new communicator of the same ranks."""
         check = self._engine.check is not None
         timeout = math.inf if self.timeout is None else self.timeout
@@ -164,7 +165,7 @@ class Communicator(BufferAPI):
             return type(self)(self._mpi, timeout=timeout, check=check)
         self._ring.claim("shrink")
         return survival.shrink(liveness, self._ring.comm,
-                               lambda comm: type(self)(comm, timeout=timeout, check=check, survive=True))
+                               lambda comm: type(self)(comm, timeout=timeout, check=check, survive=True), timeout)
 
     def acknowledge_lost(self) -> int:
         """Acknowledge the ranks lost so far (ULFM's MPI_Comm_ack_failed); returns how many."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import selectors
 import signal
@@ -36,7 +37,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring import environment
-from mpiring.errors import ArgumentError, CommunicatorRevokedError, RankLostError
+from mpiring.errors import ArgumentError, CommunicationError, CommunicatorRevokedError, RankLostError
 
 # How often each rank tells its peers it is alive (a one-byte frame on each connection).
 HEARTBEAT_SECONDS = 0.25
@@ -490,13 +491,15 @@ def acknowledge_lost(liveness: Liveness | None) -> int:
     return len(liveness.acknowledged)
 
 
-def shrink(liveness: Liveness, comm: MPI.Intracomm, make: Any) -> Any:
+def shrink(liveness: Liveness, comm: MPI.Intracomm, make: Any, seconds: float = math.inf) -> Any:
     """The survivors' new communicator (Communicator.shrink): agree on who is lost, make an MPI
     communicator of the others (MPI_Comm_create_group, collective over them alone) and `make`
     a Communicator on it. Making it is collective and would never end if a survivor were lost
     meanwhile: it runs in a thread while this one watches, and a loss starts it over without
     the newly lost (the abandoned attempt's thread stays blocked in MPI; the process leaves
-    without MPI_Finalize)."""
+    without MPI_Finalize). Where MPI itself does not return within `seconds` (a process killed
+    mid-operation can leave MPI's shared memory broken: docs/lost-rank.md), CommunicationError."""
+    deadline = time.monotonic() + seconds
     attempt = 0
     while True:
         _, lost = liveness.agree(1)
@@ -520,6 +523,11 @@ def shrink(liveness: Liveness, comm: MPI.Intracomm, make: Any) -> Any:
             thread = threading.Thread(target=build, name="mpiring-shrink", daemon=True)
             thread.start()
             while thread.is_alive() and not (liveness.lost - lost):
+                if time.monotonic() > deadline:
+                    raise CommunicationError("shrink", f"MPI did not make the survivors' communicator within "
+                                             f"{seconds:g} s (MPI_Comm_create_group has not returned; a rank "
+                                             "killed in the middle of a message can leave MPI's shared memory "
+                                             "broken: docs/lost-rank.md)")
                 thread.join(0.005)
             if thread.is_alive():  # a survivor was lost while the communicator was made: again without it
                 attempt += 1

@@ -149,3 +149,36 @@ def test_a_silent_peer_is_lost_after_the_heartbeat_timeout(mesh) -> None:
         for peer in ranks[1].peers.values():
             survival._WATCHER.selector.unregister(peer.sock)
     assert _wait_for(lambda: ranks[0].lost == {1}, seconds=5.0)
+
+
+def test_shrink_raises_by_name_when_mpi_does_not_make_the_communicator(mesh) -> None:
+    """MPI_Comm_create_group that never returns (a killed rank can leave MPI's shared memory
+    broken) ends shrink with CommunicationError at its deadline, not a hang."""
+    from mpi4py import MPI
+
+    from mpiring.errors import CommunicationError
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        pytest.skip("shrink watches MPI from a second thread only under MPI_THREAD_MULTIPLE")
+    [liveness] = mesh(1)
+    released = threading.Event()
+
+    class Group:
+        def Incl(self, ranks: list[int]) -> Group:  # noqa: N802 - mpi4py's names
+            return self
+
+        def Free(self) -> None:  # noqa: N802
+            pass
+
+    class Comm:
+        def Get_group(self) -> Group:  # noqa: N802
+            return Group()
+
+        def Create_group(self, group: Group, tag: int) -> None:  # noqa: N802
+            released.wait(30)
+
+    began = time.monotonic()
+    with pytest.raises(CommunicationError, match="survivors' communicator within 0.2 s"):
+        survival.shrink(liveness, Comm(), lambda comm: comm, 0.2)
+    assert time.monotonic() - began < 5
+    released.set()
