@@ -53,6 +53,7 @@ from mpi4py.util import dtlib
 
 from mpiring import entry_points
 from mpiring.backend import NUMPY, SUPPORTED_DTYPES, backend_for
+from mpiring.engine import native
 from mpiring.engine.partition import split_bounds
 from mpiring.errors import ArgumentError, ArgumentTypeError, Unconverted
 
@@ -388,6 +389,7 @@ def _named_datatypes() -> dict[int, tuple[Any, numpy.dtype]]:
 
 
 _NAMED = _named_datatypes()
+_SPEC_ITEMS = native.spec_items(_NAMED, SUPPORTED_DTYPES)  # simple()'s first look in C (None: no extension)
 
 
 def _named_items(buf: Any, datatype: Any) -> Any:
@@ -423,6 +425,10 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
     Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
     block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
     """
+    if _SPEC_ITEMS is not None:
+        flat = _SPEC_ITEMS(spec, blocks)
+        if flat is not None:
+            return flat
     if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
             blocks == 1 or spec.size % blocks == 0):
         return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat

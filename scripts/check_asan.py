@@ -22,9 +22,10 @@ import sysconfig
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# The tests that drive the C Shortcut, the replay, persistent requests and their refusals.
+# The tests that drive the C Shortcut, the replay, persistent requests and their refusals, and
+# the C look at buffer specs.
 DEFAULT_TESTS = ["tests/test_shortcut.py", "tests/test_tags.py", "tests/test_plans.py", "tests/test_binding.py",
-                 "tests/test_threads.py", "tests/test_nonblocking.py"]
+                 "tests/test_threads.py", "tests/test_nonblocking.py", "tests/test_buffer_specs.py"]
 FLAGS = "-fsanitize=address -fno-omit-frame-pointer -g -O1"
 
 

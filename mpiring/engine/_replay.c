@@ -1265,6 +1265,78 @@ static char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int 
     return start;
 }
 
+/* ---- mpi4py's buffer specs, their common forms (mpiring.buffer_api.simple's first look) ---- */
+
+static PyObject *spec_datatypes; /* {id(datatype): (datatype, dtype)}: the predefined datatypes a dtype moves as */
+static PyObject *spec_dtypes;    /* the dtypes mpiring moves (a frozenset) */
+
+/* spec_tables(datatypes, dtypes): the tables spec_items reads (buffer_api's, once). */
+static PyObject *spec_tables(PyObject *module, PyObject *args) {
+    PyObject *datatypes, *dtypes;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes))
+        return NULL;
+    Py_XSETREF(spec_datatypes, Py_NewRef(datatypes));
+    Py_XSETREF(spec_dtypes, Py_NewRef(dtypes));
+    Py_RETURN_NONE;
+}
+
+/* Whether `array` is a readable one-axis C-contiguous NumPy array: its length then, else -1. */
+static Py_ssize_t flat_length(PyObject *array) {
+    const ArrayHead *a = (const ArrayHead *)array;
+    if (Py_TYPE(array) != readable_arrays || a->nd != 1 || !(a->flags & ARRAY_C_CONTIGUOUS))
+        return -1;
+    return a->dimensions[0];
+}
+
+/* spec_items(spec, blocks): the elements a spec names, for its common forms: a flat NumPy array
+   of a dtype mpiring moves; [array, datatype] and [array, count, datatype] with a flat array of
+   the predefined datatype's own dtype (`count` per block: `blocks` of them, as MPI counts a
+   gather's receive buffer). The array itself, or its first elements; None where the generic
+   parse must look (any other form, or one it must refuse). Never raises for a spec. */
+static PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyLong_CheckExact(args[1]))
+        return PyErr_Format(PyExc_TypeError, "spec_items(spec, blocks)");
+    PyObject *spec = args[0];
+    Py_ssize_t blocks = PyLong_AsSsize_t(args[1]), length;
+    if (blocks < 1 || spec_datatypes == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if ((length = flat_length(spec)) >= 0) {
+        int moved = PySet_Contains(spec_dtypes, ((const ArrayHead *)spec)->descr);
+        if (moved < 0)
+            PyErr_Clear();
+        return moved > 0 && length % blocks == 0 ? Py_NewRef(spec) : Py_NewRef(Py_None);
+    }
+    Py_ssize_t n = PyList_CheckExact(spec) ? PyList_GET_SIZE(spec) : 0;
+    if (n != 2 && n != 3)
+        Py_RETURN_NONE;
+    PyObject *array = PyList_GET_ITEM(spec, 0), *datatype = PyList_GET_ITEM(spec, n - 1);
+    if ((length = flat_length(array)) < 0)
+        Py_RETURN_NONE;
+    PyObject *key = PyLong_FromVoidPtr(datatype);
+    PyObject *named = key ? PyDict_GetItemWithError(spec_datatypes, key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    if (named == NULL || !PyTuple_CheckExact(named) || PyTuple_GET_SIZE(named) != 2 ||
+        PyTuple_GET_ITEM(named, 0) != datatype || PyTuple_GET_ITEM(named, 1) != ((const ArrayHead *)array)->descr) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (n == 2)
+        return length % blocks == 0 ? Py_NewRef(array) : Py_NewRef(Py_None);
+    PyObject *count = PyList_GET_ITEM(spec, 1);
+    if (!PyLong_CheckExact(count))
+        Py_RETURN_NONE;
+    Py_ssize_t each = PyLong_AsSsize_t(count);
+    if (each < 0 || each > length / blocks) { /* (also an int past Py_ssize_t: -1 with an error) */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (each * blocks == length)
+        return Py_NewRef(array);
+    return PySequence_GetSlice(array, 0, each * blocks);
+}
+
 /* `facts` of `array` (None, or a readable NumPy array of at most FACT_DIMS axes): 1, else 0. */
 static int facts_of(PyObject *array, Facts *facts) {
     if (array == Py_None) {
@@ -1858,6 +1930,9 @@ static PyMethodDef module_methods[] = {
     {"supports", supports, METH_VARARGS, "supports(op, dtype): whether WORK_OP with these codes runs here"},
     {"read_arrays", read_arrays, METH_O, "read_arrays(samples): whether NumPy arrays' fields are where this file "
                                          "reads them (then they are read directly)"},
+    {"spec_tables", spec_tables, METH_VARARGS, "spec_tables(datatypes, dtypes): the tables spec_items reads"},
+    {"spec_items", (PyCFunction)(void (*)(void))spec_items, METH_FASTCALL,
+     "spec_items(spec, blocks): a buffer spec's elements for its common forms, else None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ recorded data: `work_in_python` does a C work item's arithmetic in NumPy.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,15 @@ def available() -> bool:
 def enabled() -> bool:
     """Whether new schedules and plans replay in C: the extension is there and MPIRING_COMPILED is not 0."""
     return environment.flag("MPIRING_COMPILED", "plan") is not False and available()
+
+
+def spec_items(datatypes: dict, dtypes: frozenset) -> Callable[[Any, int], Any] | None:
+    """The C form of the first look of mpiring.buffer_api.simple (the common forms of a buffer
+    spec, else None), reading these tables; None where the extension is not there."""
+    if not available():
+        return None
+    _replay.spec_tables(datatypes, dtypes)
+    return _replay.spec_items
 
 
 def describe() -> str:
