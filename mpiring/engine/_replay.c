@@ -1039,7 +1039,7 @@ static PyTypeObject ProgramType = {
 
 /* ---- shared helpers of the shortcuts ---- */
 
-static PyObject *s_shape, *s_dtype, *zero;
+static PyObject *s_shape, *s_dtype, *s_view, *zero;
 
 /* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
 static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
@@ -1318,23 +1318,43 @@ static PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *named = key ? PyDict_GetItemWithError(spec_datatypes, key) : NULL; /* borrowed */
     Py_XDECREF(key);
     if (named == NULL || !PyTuple_CheckExact(named) || PyTuple_GET_SIZE(named) != 2 ||
-        PyTuple_GET_ITEM(named, 0) != datatype || PyTuple_GET_ITEM(named, 1) != ((const ArrayHead *)array)->descr) {
+        PyTuple_GET_ITEM(named, 0) != datatype) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (n == 2)
-        return length % blocks == 0 ? Py_NewRef(array) : Py_NewRef(Py_None);
-    PyObject *count = PyList_GET_ITEM(spec, 1);
-    if (!PyLong_CheckExact(count))
-        Py_RETURN_NONE;
-    Py_ssize_t each = PyLong_AsSsize_t(count);
-    if (each < 0 || each > length / blocks) { /* (also an int past Py_ssize_t: -1 with an error) */
+    PyObject *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    if (dtype == ((const ArrayHead *)array)->descr) {
+        items = Py_NewRef(array);
+    } else { /* the memory seen as the datatype's elements, as MPI sees it ([floats, MPI.BYTE]) */
+        if (PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) != 1 ||
+            (items = PyObject_CallMethodOneArg(array, s_view, dtype)) == NULL) {
+            PyErr_Clear(); /* (a length that is no whole number of its elements: the parse says so) */
+            Py_RETURN_NONE;
+        }
+        if ((length = flat_length(items)) < 0) {
+            Py_DECREF(items);
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t each = length / blocks;
+    if (n == 3) {
+        PyObject *count = PyList_GET_ITEM(spec, 1);
+        each = PyLong_CheckExact(count) ? PyLong_AsSsize_t(count) : -1;
+        if (each < 0 || each > length / blocks) /* (also an int past Py_ssize_t: -1 with an error) */
+            each = -1;
         PyErr_Clear();
+    } else if (length % blocks) {
+        each = -1;
+    }
+    if (each < 0) {
+        Py_DECREF(items);
         Py_RETURN_NONE;
     }
     if (each * blocks == length)
-        return Py_NewRef(array);
-    return PySequence_GetSlice(array, 0, each * blocks);
+        return items;
+    PyObject *first = PySequence_GetSlice(items, 0, each * blocks);
+    Py_DECREF(items);
+    return first;
 }
 
 /* `facts` of `array` (None, or a readable NumPy array of at most FACT_DIMS axes): 1, else 0. */
@@ -1940,10 +1960,10 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.native).", -1, module_methods,
 };
 
-/* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape) */
+/* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape; spec_items takes a view) */
 static int intern_names(void) {
     return (s_shape = PyUnicode_InternFromString("shape")) && (s_dtype = PyUnicode_InternFromString("dtype")) &&
-                   (zero = PyLong_FromLong(0))
+                   (s_view = PyUnicode_InternFromString("view")) && (zero = PyLong_FromLong(0))
                ? 0
                : -1;
 }
