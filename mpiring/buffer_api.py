@@ -389,7 +389,6 @@ def _named_datatypes() -> dict[int, tuple[Any, numpy.dtype]]:
 
 
 _NAMED = _named_datatypes()
-_SPEC_ITEMS = native.spec_items(_NAMED, SUPPORTED_DTYPES)  # simple()'s first look in C (None: no extension)
 
 
 def _named_items(buf: Any, datatype: Any) -> Any:
@@ -418,21 +417,13 @@ _BYTE_BUFFERS = {bytearray: partial(numpy.frombuffer, dtype=numpy.uint8),
                  mmap.mmap: partial(numpy.frombuffer, dtype=numpy.uint8)}
 
 
-def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
-    """The elements a plain spec names: a view of the caller's memory.
-
-    With blocks > 1 (the receive buffer of Gather and Allgather, the send buffer of Scatter and
-    Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
-    block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
-    """
-    if _SPEC_ITEMS is not None:
-        flat = _SPEC_ITEMS(spec, blocks)
-        if flat is not None:
-            return flat
+def _common_items(spec: Any, blocks: int) -> Any:
+    """The common forms of a spec at once, as native.spec_items reads them in C (and arrays of
+    several axes, flattened): the elements, or None where the generic parse must look."""
     if spec.__class__ is _NDARRAY and spec.flags.c_contiguous and spec.dtype in SUPPORTED_DTYPES and (
             blocks == 1 or spec.size % blocks == 0):
-        return spec if spec.ndim == 1 else spec.reshape(-1)  # the common case: the caller's own array, flat
-    if spec.__class__ is list and 2 <= len(spec) <= 3:  # [array, MPI.FLOAT], [buffer, n, MPI.BYTE]: as common
+        return spec if spec.ndim == 1 else spec.reshape(-1)  # the caller's own array, flat
+    if spec.__class__ is list and 2 <= len(spec) <= 3:  # [array, MPI.FLOAT], [buffer, n, MPI.BYTE]
         buf = spec[0]
         flat = _named_items(buf if buf.__class__ is _NDARRAY else _BYTE_BUFFERS.get(buf.__class__, _same)(buf),
                             spec[-1])
@@ -446,6 +437,24 @@ def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
         flat = numpy.frombuffer(spec, numpy.uint8)
         if blocks == 1 or flat.size % blocks == 0:
             return flat
+    return None
+
+
+_SPEC_ITEMS = native.spec_items(_NAMED, SUPPORTED_DTYPES, _BYTE_BUFFERS)  # _common_items in C (None: not built)
+
+
+def simple(collective: str, argument: str, spec: Any, blocks: int = 1) -> Any:
+    """The elements a plain spec names: a view of the caller's memory.
+
+    With blocks > 1 (the receive buffer of Gather and Allgather, the send buffer of Scatter and
+    Reduce_scatter_block) the spec holds one block per rank: a count given is the count of one
+    block, as MPI's recvcount is, and without one the buffer must split into equal blocks.
+    """
+    flat = None if _SPEC_ITEMS is None else _SPEC_ITEMS(spec, blocks)
+    if flat is None:
+        flat = _common_items(spec, blocks)
+    if flat is not None:
+        return flat
     buf, count, displ, datatype = _unpack(collective, argument, spec, vector=False)
     if buf is None:
         raise ArgumentError(collective, argument, "a buffer is needed here")
@@ -625,12 +634,10 @@ def _own_block(call: str, argument: str, given: Any, whole: Any, rank: int, n: i
         if items.size == n or not _same_memory(items, whole):
             return _matching(call, argument, items, n, whole.dtype), None
     block = whole[rank * n : (rank + 1) * n]
-    apart = numpy.empty(block.shape, block.dtype)
     if not copy_in:
-        return apart, None
-    before = partial(numpy.copyto, apart, block)
-    before()
-    return apart, before
+        return numpy.empty(block.shape, block.dtype), None
+    apart = block.copy()
+    return apart, partial(numpy.copyto, apart, block)
 
 
 def _unit(collective: str, argument: str, spec: Any) -> int:

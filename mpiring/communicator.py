@@ -19,14 +19,13 @@ from mpiring import collectives, consistency, entry_points, environment, identit
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE
-from mpiring.engine.engine import Built, Engine, counts_key, counts_pair
+from mpiring.engine.engine import Built, Engine, counts_key, counts_pair, plannable
 from mpiring.engine.farewell import communicator_made, let_go
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan
-from mpiring.engine.ring import IN_FLIGHT_BYTES, Ring
+from mpiring.engine.ring import Ring
 from mpiring.engine.schedule import Schedule
-from mpiring.engine.scratch import POOL_BYTES
-from mpiring.engine.transport import Traffic, persistent_sends_suit
+from mpiring.engine.transport import Traffic
 from mpiring.errors import ArgumentError, CommunicationError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
@@ -88,19 +87,13 @@ class Communicator(BufferAPI):
             private = base.Dup()
         self._ring = Ring(private)
         self._ring.describe = identity.describe
-        self._ring.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
-        self._ring.in_flight_bytes = (environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator")
-                                      or IN_FLIGHT_BYTES)
         try:
             with communicator_made():
                 self._ring.nodes, self._ring.node_local, cores_for_all = topology.discover(self._ring.comm)
         except CommunicationError:
             private.Free()
             raise
-        busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
-        self._ring.busy_poll = cores_for_all if busy_poll is None else busy_poll
-        persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
-        self._ring.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
+        self._ring.read_settings(cores_for_all)
         if surviving:
             self._start_watching()
         builders = {name: getattr(self, "_" + name) for name in CATALOGUE}  # _allreduce and the like, below
@@ -224,7 +217,7 @@ class Communicator(BufferAPI):
         out = check_out("broadcast", out, x.shape, x.dtype, backend)
         call = self._engine.call("broadcast", algorithm, timeout, x, None, root)
         body = partial(collectives.broadcast, self._ring, call=call, x=x, root=root, out=out)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _reduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -235,7 +228,7 @@ class Communicator(BufferAPI):
             out = check_out("reduce", out, x.shape, x.dtype, backend)
         call = self._engine.call("reduce", algorithm, timeout, x, op, root)
         body = partial(collectives.reduce, self._ring, call=call, x=x, op=op, root=root, out=out)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _allreduce(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -244,7 +237,7 @@ class Communicator(BufferAPI):
         out = check_out("allreduce", out, x.shape, x.dtype, backend)
         call = self._engine.call("allreduce", algorithm, timeout, x, op)
         body = partial(collectives.allreduce, self._ring, call=call, x=x, op=op, out=out)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _gather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -253,7 +246,7 @@ class Communicator(BufferAPI):
         rows = self._known_rows("gather", x, out if self.rank == root else None, counts, backend)
         call = self._engine.call("gather", algorithm, timeout, x, None, root, rows)
         body = partial(collectives.gather, self._ring, call=call, x=x, root=root, out=out, rows=rows)
-        return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
+        return Built(call, backend, body, rows is not None and plannable(backend, x), rows is None)
 
     def _allgather(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -261,7 +254,7 @@ class Communicator(BufferAPI):
         rows = self._known_rows("allgather", x, out, counts, backend)
         call = self._engine.call("allgather", algorithm, timeout, x, None, None, rows)
         body = partial(collectives.allgather, self._ring, call=call, x=x, out=out, rows=rows)
-        return Built(call, backend, body, rows is not None and _plannable(backend, x), rows is None)
+        return Built(call, backend, body, rows is not None and plannable(backend, x), rows is None)
 
     def _known_rows(self, collective: str, x: Any, out: Any, counts: Any, backend: Any) -> list[int] | None:
         """Every rank's row count when `counts=` gives them (the same list on every rank), else
@@ -305,8 +298,8 @@ class Communicator(BufferAPI):
         call = self._engine.call("scatter", algorithm, timeout, *checked)
         body = partial(collectives.scatter, self._ring, call=call, x=x, root=root, out=out, root_problem=root_problem,
                        counts=counts, layout=layout)
-        plannable = layout is not None and _plannable(backend, x if self.rank == root else None)
-        return Built(call, backend, body, plannable, layout is None)
+        recordable = layout is not None and plannable(backend, x if self.rank == root else None)
+        return Built(call, backend, body, recordable, layout is None)
 
     def _reduce_scatter(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         backend = backend_for(x)
@@ -319,7 +312,7 @@ class Communicator(BufferAPI):
         check_out("reduce_scatter", out, (rows[self.rank + 1] - rows[self.rank], *x.shape[1:]), x.dtype, backend)
         call = self._engine.call("reduce_scatter", algorithm, timeout, x, op, None, counts)
         body = partial(collectives.reduce_scatter, self._ring, call=call, x=x, op=op, out=out, counts=counts)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _barrier(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         call = self._engine.call("barrier", algorithm, timeout)
@@ -334,7 +327,7 @@ class Communicator(BufferAPI):
         out = check_out("alltoall", out, x.shape, x.dtype, backend)
         call = self._engine.call("alltoall", algorithm, timeout, x)
         body = partial(collectives.alltoall, self._ring, call=call, x=x, out=out)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _alltoallv(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         send_counts, recv_counts = counts  # as counts_pair made them
@@ -350,7 +343,7 @@ class Communicator(BufferAPI):
         call = self._engine.call("alltoallv", algorithm, timeout, x)
         body = partial(collectives.alltoallv, self._ring, call=call, x=x, out=out, send_counts=send_counts,
                        recv_counts=recv_counts)
-        return Built(call, backend, body, recv_counts is not None and _plannable(backend, x), recv_counts is None)
+        return Built(call, backend, body, recv_counts is not None and plannable(backend, x), recv_counts is None)
 
     def _scan(self, x, out, op, root, counts, algorithm, timeout, collective: str = "scan") -> Built:
         backend = backend_for(x)
@@ -361,7 +354,7 @@ class Communicator(BufferAPI):
             out = check_out(collective, out, x.shape, x.dtype, backend)
         call = self._engine.call(collective, algorithm, timeout, x, op)
         body = partial(collectives.scan, self._ring, call=call, x=x, op=op, out=out, exclusive=exclusive)
-        return Built(call, backend, body, _plannable(backend, x))
+        return Built(call, backend, body, plannable(backend, x))
 
     def _exscan(self, x, out, op, root, counts, algorithm, timeout) -> Built:
         return self._scan(x, out, op, root, counts, algorithm, timeout, "exscan")
@@ -470,10 +463,3 @@ _VARIANT_NOTES = {
                       "counts first).",
 }
 entry_points.add_variants(Communicator, CATALOGUE, _VARIANT_NOTES)
-
-
-def _plannable(backend: Any, x: Any) -> bool:
-    """Whether a call can be recorded as a plan: host arrays, or device arrays on the direct or
-    staged path (not IPC: `plannable`), with the (checked) input C-contiguous, since the plan
-    reads it in place. That the caller passed arrays, not array-likes, is _caller_arrays' to check."""
-    return backend.plannable and (x is None or x.flags.c_contiguous)

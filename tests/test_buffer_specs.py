@@ -1,11 +1,13 @@
 """The C first look at an mpi4py buffer spec (mpiring.engine.native.spec_items, which
-buffer_api.simple asks first) against the generic parse in Python: on every spec it takes it
-gives the same elements (the same memory, length and dtype), and it leaves every other one,
-those the parse refuses included, to the parse (serial tests)."""
+buffer_api.simple asks first) against the generic parse in Python: on every spec it takes (NumPy
+arrays and byte buffers, alone or with a datatype and a count) it gives the same elements (the
+same memory, length and dtype), and it leaves every other one, those the parse refuses
+included, to the parse (serial tests)."""
 
 from __future__ import annotations
 
 import itertools
+import mmap
 
 import numpy as np
 import pytest
@@ -40,8 +42,12 @@ def specs() -> list[object]:
                      [array, 5, datatype], [array, array.size + 1, datatype], [array, -1, datatype],
                      [array, True, datatype], [array, np.int64(3), datatype], [array, 2**70, datatype],
                      [array, (2, 1), datatype]]
-    return [*made, [np.arange(4.0)], [np.arange(4.0), MPI.DOUBLE, MPI.DOUBLE, MPI.DOUBLE], bytearray(8), None,
-            [bytearray(8), 4, MPI.BYTE], [np.arange(4.0), "d"]]
+    for buffer in (bytearray(24), mmap.mmap(-1, 24), bytes(24), memoryview(bytearray(24))):
+        made += [buffer, [buffer, MPI.BYTE], [buffer, 8, MPI.BYTE], [buffer, 30, MPI.BYTE], [buffer, MPI.DOUBLE],
+                 [buffer, 2, MPI.DOUBLE], [buffer, MPI.INT64_T], [buffer, (4, 2), MPI.BYTE]]
+    made += [[bytearray(7), MPI.DOUBLE], [mmap.mmap(-1, 12), MPI.DOUBLE]]
+    return [*made, [np.arange(4.0)], [np.arange(4.0), MPI.DOUBLE, MPI.DOUBLE, MPI.DOUBLE], None,
+            [np.arange(4.0), "d"]]
 
 
 def generic(spec: object, blocks: int) -> object:

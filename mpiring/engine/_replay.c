@@ -1269,15 +1269,30 @@ static char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int 
 
 static PyObject *spec_datatypes; /* {id(datatype): (datatype, dtype)}: the predefined datatypes a dtype moves as */
 static PyObject *spec_dtypes;    /* the dtypes mpiring moves (a frozenset) */
+static PyObject *spec_bytes;     /* {type: what makes an array of its bytes}: bytearray, mmap (numpy.frombuffer) */
 
-/* spec_tables(datatypes, dtypes): the tables spec_items reads (buffer_api's, once). */
+/* spec_tables(datatypes, dtypes, byte_buffers): the tables spec_items reads (buffer_api's, once). */
 static PyObject *spec_tables(PyObject *module, PyObject *args) {
-    PyObject *datatypes, *dtypes;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes))
+    PyObject *datatypes, *dtypes, *byte_buffers;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes, &PyDict_Type,
+                          &byte_buffers))
         return NULL;
     Py_XSETREF(spec_datatypes, Py_NewRef(datatypes));
     Py_XSETREF(spec_dtypes, Py_NewRef(dtypes));
+    Py_XSETREF(spec_bytes, Py_NewRef(byte_buffers));
     Py_RETURN_NONE;
+}
+
+/* `buffer` as a NumPy array: itself, or the array of its bytes where it is a byte buffer the
+   tables name (a new reference); NULL, no error set, where it is neither. */
+static PyObject *as_array(PyObject *buffer) {
+    if (Py_TYPE(buffer) == readable_arrays)
+        return Py_NewRef(buffer);
+    PyObject *make = PyDict_GetItemWithError(spec_bytes, (PyObject *)Py_TYPE(buffer)); /* borrowed */
+    PyObject *array = make ? PyObject_CallOneArg(make, buffer) : NULL;
+    if (array == NULL)
+        PyErr_Clear();
+    return array;
 }
 
 /* Whether `array` is a readable one-axis C-contiguous NumPy array: its length then, else -1. */
@@ -1289,10 +1304,11 @@ static Py_ssize_t flat_length(PyObject *array) {
 }
 
 /* spec_items(spec, blocks): the elements a spec names, for its common forms: a flat NumPy array
-   of a dtype mpiring moves; [array, datatype] and [array, count, datatype] with a flat array of
-   the predefined datatype's own dtype (`count` per block: `blocks` of them, as MPI counts a
-   gather's receive buffer). The array itself, or its first elements; None where the generic
-   parse must look (any other form, or one it must refuse). Never raises for a spec. */
+   of a dtype mpiring moves, or a byte buffer (bytearray, mmap); [buffer, datatype] and [buffer,
+   count, datatype] with such a buffer and a predefined datatype, read as that datatype's elements
+   (`count` per block: `blocks` of them, as MPI counts a gather's receive buffer). The array, a
+   view of it, or its first elements; None where the generic parse must look (any other form, or
+   one it must refuse). Never raises for a spec. */
 static PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyLong_CheckExact(args[1]))
         return PyErr_Format(PyExc_TypeError, "spec_items(spec, blocks)");
@@ -1302,18 +1318,23 @@ static PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if ((length = flat_length(spec)) >= 0) {
-        int moved = PySet_Contains(spec_dtypes, ((const ArrayHead *)spec)->descr);
-        if (moved < 0)
-            PyErr_Clear();
-        return moved > 0 && length % blocks == 0 ? Py_NewRef(spec) : Py_NewRef(Py_None);
-    }
     Py_ssize_t n = PyList_CheckExact(spec) ? PyList_GET_SIZE(spec) : 0;
+    if (n == 0) { /* a buffer alone: a flat array of a dtype mpiring moves, or a byte buffer's bytes */
+        PyObject *array = as_array(spec);
+        if (array == NULL)
+            Py_RETURN_NONE;
+        int moved = (length = flat_length(array)) >= 0
+                        ? PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr)
+                        : 0;
+        PyErr_Clear();
+        if (moved > 0 && length % blocks == 0)
+            return array;
+        Py_DECREF(array);
+        Py_RETURN_NONE;
+    }
     if (n != 2 && n != 3)
         Py_RETURN_NONE;
-    PyObject *array = PyList_GET_ITEM(spec, 0), *datatype = PyList_GET_ITEM(spec, n - 1);
-    if ((length = flat_length(array)) < 0)
-        Py_RETURN_NONE;
+    PyObject *datatype = PyList_GET_ITEM(spec, n - 1);
     PyObject *key = PyLong_FromVoidPtr(datatype);
     PyObject *named = key ? PyDict_GetItemWithError(spec_datatypes, key) : NULL; /* borrowed */
     Py_XDECREF(key);
@@ -1322,17 +1343,23 @@ static PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    PyObject *array = as_array(PyList_GET_ITEM(spec, 0)), *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    if (array == NULL)
+        Py_RETURN_NONE;
+    if ((length = flat_length(array)) < 0) {
+        Py_DECREF(array);
+        Py_RETURN_NONE;
+    }
     if (dtype == ((const ArrayHead *)array)->descr) {
-        items = Py_NewRef(array);
+        items = array;
     } else { /* the memory seen as the datatype's elements, as MPI sees it ([floats, MPI.BYTE]) */
-        if (PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) != 1 ||
-            (items = PyObject_CallMethodOneArg(array, s_view, dtype)) == NULL) {
+        items = PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) == 1
+                    ? PyObject_CallMethodOneArg(array, s_view, dtype)
+                    : NULL;
+        Py_DECREF(array);
+        if (items == NULL || (length = flat_length(items)) < 0) {
             PyErr_Clear(); /* (a length that is no whole number of its elements: the parse says so) */
-            Py_RETURN_NONE;
-        }
-        if ((length = flat_length(items)) < 0) {
-            Py_DECREF(items);
+            Py_XDECREF(items);
             Py_RETURN_NONE;
         }
     }

@@ -594,3 +594,10 @@ def _fits_on_host(backend: Any, x: Any, out: Any) -> bool:
 
 def _on_host(x: Any, out: Any) -> bool:
     return (x is None or x.__class__ is _NDARRAY) and (out is None or out.__class__ is _NDARRAY)
+
+
+def plannable(backend: Any, x: Any) -> bool:
+    """Whether a call can be recorded as a plan: host arrays, or device arrays on the direct or
+    staged path (not IPC: `plannable`), with the (checked) input C-contiguous, since the plan
+    reads it in place. That the caller passed arrays, not array-likes, is _caller_arrays' to check."""
+    return backend.plannable and (x is None or x.flags.c_contiguous)

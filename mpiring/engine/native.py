@@ -83,12 +83,12 @@ def enabled() -> bool:
     return environment.flag("MPIRING_COMPILED", "plan") is not False and available()
 
 
-def spec_items(datatypes: dict, dtypes: frozenset) -> Callable[[Any, int], Any] | None:
+def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callable[[Any, int], Any] | None:
     """The C form of the first look of mpiring.buffer_api.simple (the common forms of a buffer
     spec, else None), reading these tables; None where the extension is not there."""
     if not available():
         return None
-    _replay.spec_tables(datatypes, dtypes)
+    _replay.spec_tables(datatypes, dtypes, byte_buffers)
     return _replay.spec_items
 
 

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy
 from mpi4py import MPI
 
+from mpiring import environment
 from mpiring.engine.native import HotState
-from mpiring.engine.scratch import POOL_FROM_BYTES, Scratch, ScratchPool
+from mpiring.engine.scratch import POOL_BYTES, POOL_FROM_BYTES, Scratch, ScratchPool
 from mpiring.engine.tags import Tags
-from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step
+from mpiring.engine.transport import Call, Step, Steps, Traffic, make_step, persistent_sends_suit
 from mpiring.errors import ConcurrentUseError
 from mpiring.topology import NodeMap
 
@@ -106,8 +107,8 @@ class Ring:
         self.notice = bytearray(8)  # where a peer's notice is received (mpiring.engine.waiting)
         self.probed = MPI.Status()  # where waiting's probes for notices write
         self.persistent_requests = 0  # made so far; picks each one's tag
-        # how plans send: persistent requests, or new ones each run (transport.make_step; the
-        # Communicator sets it from MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)
+        # how plans send: persistent requests, or new ones each run (transport.make_step;
+        # read_settings: MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)
         self.persistent_sends = True
         # a schedule or plan being recorded (mpiring.engine.schedule, .plan): posts are recorded, not sent
         self.recorder: Any = None
@@ -121,11 +122,11 @@ class Ring:
         self.nodes = NodeMap.single(self.size)
         # every rank on one real node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
-        # the node has a core for each of its ranks: waits spin without offering the core (the
-        # Communicator finds out; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
+        # the node has a core for each of its ranks: waits spin without offering the core
+        # (read_settings; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
         self.busy_poll = False
         self.received = 0  # steps posted with receives so far (a call that received nothing needs no notice check)
-        self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (the Communicator sets it)
+        self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (read_settings)
         # nonblocking collectives not yet done: every wait advances them all (waiting.wait_step)
         self.in_flight: list[InFlight] = self.hot.in_flight
         self.in_flight_bytes = IN_FLIGHT_BYTES  # the most their arrays may hold (MPIRING_INFLIGHT_BYTES)
@@ -134,6 +135,17 @@ class Ring:
         self._owner_thread: threading.Thread | None = None
 
     # ---- topology ----
+
+    def read_settings(self, cores_for_all: bool) -> None:
+        """What MPIRING_SCRATCH_BYTES, MPIRING_INFLIGHT_BYTES, MPIRING_BUSY_POLL and
+        MPIRING_PERSISTENT_SENDS set (docs/environment.md), each with its default where unset;
+        `cores_for_all`: whether every rank of the node has a core (busy polling's default)."""
+        self.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
+        self.in_flight_bytes = environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator") or IN_FLIGHT_BYTES
+        busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
+        self.busy_poll = cores_for_all if busy_poll is None else busy_poll
+        persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
+        self.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
 
     def position(self, root: int) -> int:
         """Distance from `root` along the ring (root is 0, its right neighbour 1, ...)."""
