@@ -123,13 +123,13 @@ def communicator_made() -> Iterator[None]:
     except MPI.Exception as error:
         waiting = f"; {leaving()} freed here still wait for a peer's free()" if leaving() else ""
         raise CommunicationError(
-            "Communicator", f"MPI could not make a communicator ({last_line(error.Get_error_string())}{waiting}); "
+            "Communicator", f"MPI could not make a communicator ({_last_line(error.Get_error_string())}{waiting}); "
             "if the program makes many, free() each one it no longer needs on every rank, or use "
             "`with mpiring.Communicator() as comm:`",
         ) from error
 
 
-def last_line(text: str) -> str:
+def _last_line(text: str) -> str:
     """The most specific part of an MPI error stack (MPICH puts it last, after the call chain)."""
     line = text.strip().splitlines()[-1]
     return line.split(": ", 1)[-1].strip() if ": " in line else line
