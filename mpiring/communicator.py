@@ -85,13 +85,20 @@ class Communicator(BufferAPI):
         let_go()  # communicators freed earlier whose peers' farewells have come since
         with communicator_made():
             private = base.Dup()
-        self._ring = Ring(private)
+        try:
+            with communicator_made():
+                notices = private.Dup()
+        except CommunicationError:
+            private.Free()
+            raise
+        self._ring = Ring(private, notices)
         self._ring.describe = identity.describe
         try:
             with communicator_made():
                 self._ring.nodes, self._ring.node_local, cores_for_all = topology.discover(self._ring.comm)
         except CommunicationError:
             private.Free()
+            notices.Free()
             raise
         self._ring.read_settings(cores_for_all)
         if surviving:

@@ -765,11 +765,13 @@ def _(comm):
 def _(comm):
     fresh = mpiring.Communicator()
     _argument_error(fresh, lambda: fresh.allreduce(np.ones(2), op="bogus"), "op", "unknown op")
-    handle = fresh._ring.comm  # the private MPI communicator
+    handle, notices = fresh._ring.comm, fresh._ring.notice_comm  # the private MPI communicators
+    assert MPI.Comm.Compare(handle, notices) == MPI.CONGRUENT, "the notices' communicator is not the data's twin"
     fresh.free()
     WORLD.barrier()
     mpiring.Communicator().free()  # takes the farewells that came since
     assert handle == MPI.COMM_NULL, "free() kept the MPI communicator after an error every rank raised"
+    assert notices == MPI.COMM_NULL, "free() kept the notices' MPI communicator after an error every rank raised"
     fresh = mpiring.Communicator()
     request = fresh.iallreduce(np.full(1 << 16, 1.0))
     fresh.free()  # with the request in flight: it finishes first

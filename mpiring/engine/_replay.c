@@ -334,6 +334,8 @@ static int hot_ready(const HotState *state) {
 typedef struct {
     PyObject_HEAD
     intptr_t comm;             /* the communicator's handle: the messages go there */
+    intptr_t notice_comm;      /* where peers' notices come (their own communicator: a probe there never
+                                  walks the queue of messages a root sent ahead) */
     char busy;                 /* spin without offering the core (the node has a core per rank) */
     int tag;                   /* the call's tag: a message's tag is this plus its own */
     int sequence_base, sequence_shift, sequence_mask; /* where the call's number goes in its tag (mask 0: none) */
@@ -375,9 +377,9 @@ static int notice_waiting(const Program *p) {
     if (p->notice < 0 || mpi.status_size > (Py_ssize_t)sizeof(status))
         return 0;
     if (mpi.datatype_size == (Py_ssize_t)sizeof(int))
-        ((iprobe_int_fn)mpi.iprobe)(mpi.any_source, p->notice, (int)p->comm, &flag, status);
+        ((iprobe_int_fn)mpi.iprobe)(mpi.any_source, p->notice, (int)p->notice_comm, &flag, status);
     else
-        ((iprobe_pointer_fn)mpi.iprobe)(mpi.any_source, p->notice, (void *)p->comm, &flag, status);
+        ((iprobe_pointer_fn)mpi.iprobe)(mpi.any_source, p->notice, (void *)p->notice_comm, &flag, status);
     return flag;
 }
 
@@ -744,20 +746,20 @@ static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
 }
 
 /* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
-   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1)): roots: a tuple of
-   root addresses (0 and 1 placeholders, bound per call). */
+   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1), notice_comm=comm): roots:
+   a tuple of root addresses (0 and 1 placeholders, bound per call). */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
-    unsigned long long comm;
+    unsigned long long comm, notice_comm = 0;
     int busy = 0, tag = 0, result = RESULT_NONE, base = 0, shift = 0, mask = 0, notice = -1;
     Py_ssize_t x_bytes = 0, out_bytes = 0, x_items = -1, out_items = -1;
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
                             "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice",
-                            "items", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)", names, &PyTuple_Type, &prologue,
+                            "items", "notice_comm", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)K", names, &PyTuple_Type, &prologue,
                                      &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
                                      &out_bytes, &allocate, &result, &CountersType, &traffic, &schedule, &base, &shift, &mask,
-                                     &notice, &x_items, &out_items))
+                                     &notice, &x_items, &out_items, &notice_comm))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -765,6 +767,7 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     }
     program_clear(self);
     self->comm = (intptr_t)comm;
+    self->notice_comm = (intptr_t)(notice_comm ? notice_comm : comm);
     self->busy = (char)busy;
     self->tag = tag;
     self->sequence_base = base;

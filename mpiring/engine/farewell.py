@@ -12,8 +12,11 @@ peer's farewell is in, the MPI communicator is freed, unless this rank itself ma
 messages of an abandoned call active (Ring.broken), which MPI could complete into memory only
 the ring keeps alive: that communicator is kept (one context id).
 
-    rank 0: ... notice --> ... farewell -->        rank 1: takes, drops ..., takes farewell
+    rank 0: ... data --> ... farewell -->        rank 1: takes, drops ..., takes farewell
     rank 0: takes rank 1's messages up to its farewell; then MPI_Comm_free
+
+Notices travel on a communicator of their own (Ring.notice_comm), which gets its own farewell
+and is freed with the data communicator.
 
 Nothing waits: what has not arrived when free() returns is taken by the next free() or
 Communicator() of the process (`let_go`), so a rank that frees late never holds up the others.
@@ -48,13 +51,14 @@ _lock = threading.RLock()
 class _Farewell:
     """One communicator being let go: the peers whose farewell has not come yet."""
 
-    __slots__ = ("comm", "tag", "peers", "sends", "keep", "held", "status")
+    __slots__ = ("comms", "tag", "peers", "sends", "keep", "held", "status")
 
     def __init__(self, ring: Ring, keep: bool, lost: Collection[int] = ()) -> None:
-        comm = self.comm = ring.comm
+        self.comms = [ring.comm] if ring.notice_comm is ring.comm else [ring.comm, ring.notice_comm]
         self.tag = ring.tags.farewell
-        self.peers = [peer for peer in range(ring.size) if peer != ring.rank and peer not in lost]
-        self.sends = [comm.Isend([_NOTHING, 0, MPI.BYTE], peer, self.tag) for peer in self.peers]
+        peers = [peer for peer in range(ring.size) if peer != ring.rank and peer not in lost]
+        self.peers = [list(peers) for _ in self.comms]  # each communicator's peers whose farewell is still coming
+        self.sends = [comm.Isend([_NOTHING, 0, MPI.BYTE], peer, self.tag) for comm in self.comms for peer in peers]
         self.keep = keep
         # what MPI may still read or write: the notices' requests, an abandoned call's buffers
         self.held: Any = (ring.notices, ring.abandoned)
@@ -63,20 +67,22 @@ class _Farewell:
     def advance(self) -> bool:
         """Take and drop what the peers sent, up to each one's farewell; True once all are in
         (and the communicator is then freed, or kept for good)."""
-        comm, status = self.comm, self.status
-        for peer in list(self.peers):
-            while comm.Iprobe(peer, MPI.ANY_TAG, status):
-                tag, size = status.Get_tag(), status.Get_count(MPI.BYTE)
-                comm.Recv([bytearray(size), size, MPI.BYTE], peer, tag)
-                if tag == self.tag:
-                    self.peers.remove(peer)
-                    break
-        if self.peers:
+        status = self.status
+        for comm, peers in zip(self.comms, self.peers, strict=True):
+            for peer in list(peers):
+                while comm.Iprobe(peer, MPI.ANY_TAG, status):
+                    tag, size = status.Get_tag(), status.Get_count(MPI.BYTE)
+                    comm.Recv([bytearray(size), size, MPI.BYTE], peer, tag)
+                    if tag == self.tag:
+                        peers.remove(peer)
+                        break
+        if any(self.peers):
             return False
         if self.keep:
             _kept.append(self.held)
         else:
-            comm.Free()  # the farewell sends may still be completing: MPI lets them
+            for comm in self.comms:
+                comm.Free()  # the farewell sends may still be completing: MPI lets them
         return True
 
 

@@ -235,7 +235,7 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, schedule.call.tag,
                            roots, schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
                            schedule.result_kind, schedule.traffic, schedule, schedule.sequence, schedule.notice,
-                           schedule.items)
+                           schedule.items, MPI._handleof(schedule.notice_comm))
 
 
 def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:

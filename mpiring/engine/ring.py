@@ -88,8 +88,12 @@ class Ring:
     # its first call and once it broke or was freed; each fast path compares only this
     served = _hot("served", "the thread the fast paths serve (None: none)")
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, notice_comm: MPI.Intracomm | None = None) -> None:
         self.comm = comm
+        # where notices go (waiting.leave_notice): a communicator of their own, so that the probe for
+        # one at the end of each call never walks the queue of data messages a root sent ahead
+        # (Open MPI's probe for any source does); the data communicator itself where none is given
+        self.notice_comm = comm if notice_comm is None else notice_comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.left = (self.rank - 1) % self.size

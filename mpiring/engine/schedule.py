@@ -237,7 +237,7 @@ class Schedule:
         self.changes = 0  # layouts its key's schedules have seen change (after_change)
         self.stale = False  # a layout round brought another layout: the key records anew
         self._changed_at = 0  # `runs` when its layout last changed
-        self.comm = ring.comm
+        self.comm, self.notice_comm = ring.comm, ring.notice_comm
         self.traffic = recorder.traffic
         self.allocated = host.allocated
         self.pinned = 0  # users that replay its messages themselves (the cache never evicts it then)

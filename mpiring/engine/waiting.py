@@ -318,11 +318,13 @@ class _Watch:
         self.next = now + _LOOK_SECONDS
         found = foreign_message(self.ring, self.step, self.call)
         status = self.ring.probed
-        if found is None and self.notice is not None and self.ring.comm.Iprobe(MPI.ANY_SOURCE, self.notice, status):
+        if found is None and self.notice is not None and self.ring.notice_comm.Iprobe(MPI.ANY_SOURCE, self.notice,
+                                                                                        status):
             found = self.seen = (status.Get_source(), self.notice)  # that peer left this call: no second look
         if found is not None and found == self.seen:
             source, tag = found
-            if tag == self.notice and self.ring.comm.Iprobe(source, tag, status) and status.Get_count(MPI.BYTE) == 8:
+            if tag == self.notice and self.ring.notice_comm.Iprobe(source, tag, status) and \
+                    status.Get_count(MPI.BYTE) == 8:
                 self._peer_timed_out(source, tag)  # returns where nothing is outstanding
             cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
@@ -334,7 +336,7 @@ class _Watch:
         if all(finished(self.step, index) for index in range(len(self.step.peers))):
             return
         notice = self.ring.notice
-        self.ring.comm.Recv([notice, 8, MPI.BYTE], source, tag)
+        self.ring.notice_comm.Recv([notice, 8, MPI.BYTE], source, tag)
         _raise_timeout(self.step, self.call, struct.unpack("d", notice)[0], source)
 
 
@@ -363,6 +365,23 @@ def foreign_message(ring: Ring, step: Step, call: Call) -> tuple[int, int] | Non
             if not tags.is_notice(tag) or tags.notice_of(tag, ring.failures):  # a peer left a call of this generation
                 return source, tag
             ring.comm.Recv([ring.notice, 8, MPI.BYTE], source, tag)  # a notice of a call this rank left too
+        if not finished(step, index) and ring.notice_comm is not ring.comm:
+            found = _notice_from(ring, source, status)
+            if found is not None:
+                return found
+    return None
+
+
+def _notice_from(ring: Ring, source: int, status: MPI.Status) -> tuple[int, int] | None:
+    """(source, tag) of `source`'s notice that it left a call of this generation, or of its
+    farewell, on the notices' own communicator; notices from other failure counts (calls this
+    rank left too, or long ago) are taken out of the way."""
+    comm, tags = ring.notice_comm, ring.tags
+    while comm.Iprobe(source, MPI.ANY_TAG, status):
+        tag = status.Get_tag()
+        if tag == tags.farewell or tags.notice_of(tag, ring.failures):
+            return source, tag
+        comm.Recv([ring.notice, 8, MPI.BYTE], source, tag)
     return None
 
 
@@ -375,7 +394,7 @@ def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | N
         return
     number = ring.hot.calls if calls is None else calls
     tag = ring.tags.notice(ring.failures, number)  # a notice that a peer left this very call
-    if tag is not None and ring.comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
+    if tag is not None and ring.notice_comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
         raise MessageMismatchError(collective, f"rank {ring.probed.Get_source()} raised in this call and left it "
                                    f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
                                    f"call {number} here) went on: its data may come from the call that rank left")
@@ -394,11 +413,12 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
         return  # (survival: every live peer learns of a loss or a revoke by itself, at once)
     ring.notices = [request for request in ring.notices if not request.Test()]
     notice = struct.pack("d", error.seconds) if isinstance(error, CollectiveTimeout) else b""  # kept by its requests
-    ring.notices += [ring.comm.Isend([notice, len(notice), MPI.BYTE], peer, tag)
-                     for peer in range(ring.size) if peer != ring.rank]
+    comm = ring.notice_comm
+    ring.notices += [comm.Isend([notice, len(notice), MPI.BYTE], peer, tag) for peer in range(ring.size)
+                     if peer != ring.rank]
     status = MPI.Status()
-    while ring.comm.Iprobe(MPI.ANY_SOURCE, tag, status):
-        ring.comm.Recv([ring.notice, 8, MPI.BYTE], status.Get_source(), tag)
+    while comm.Iprobe(MPI.ANY_SOURCE, tag, status):
+        comm.Recv([ring.notice, 8, MPI.BYTE], status.Get_source(), tag)
 
 
 def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
