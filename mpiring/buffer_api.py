@@ -1072,6 +1072,12 @@ _NONBLOCKING_NOTES = {
 }
 # the defaults mpi4py gives these parameters
 _DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
+# The blocking calls whose common forms C reads straight into the engine's arguments
+# (native.dropin_call: plain specs, predefined ops, in place where no block is kept apart); their
+# codes there. Any other form, and every error, is the Python parse's.
+COMMON_FORMS = {"Bcast": 0, "Reduce": 1, "Allreduce": 2, "Gather": 3, "Allgather": 4, "Scatter": 5, "Alltoall": 6,
+                "Scan": 7, "Exscan": 8}
+_COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in _OPS}, MPI.IN_PLACE)
 
 
 def _forms(name: str, parser: str, doc: str) -> list[Callable[..., Any]]:
@@ -1083,8 +1089,16 @@ def _forms(name: str, parser: str, doc: str) -> list[Callable[..., Any]]:
     info = inspect.Parameter("info", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=MPI.INFO_NULL, annotation="Any")
     nonblocking = "I" + name[0].lower() + name[1:]
     module = __name__
+    blocking = f"self._run({parse})"
+    if name in COMMON_FORMS and _COMMON_CALL is not None:
+        given = {p.name for p in parameters}
+        send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
+        arguments = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
+                               "root" if "root" in given else "None", "self.rank", "self.size"))
+        blocking = (f"call = self._common_call({arguments})\n    if call is None:\n        return {blocking}\n"
+                    "    self._blocking(*call)")
     return [
-        entry_points.method(BufferAPI, name, parameters, f"self._run({parse})", doc, "None", module),
+        entry_points.method(BufferAPI, name, parameters, blocking, doc, "None", module),
         entry_points.method(BufferAPI, nonblocking, parameters, f"return self._irun({parse})",
                             _NONBLOCKING_NOTES.get(nonblocking, f"Nonblocking {name}: the result is in the "
                                                    "receive buffer once Wait() returns."),
@@ -1094,6 +1108,7 @@ def _forms(name: str, parser: str, doc: str) -> list[Callable[..., Any]]:
     ]
 
 
+BufferAPI._common_call = _COMMON_CALL  # (a builtin: no binding to the instance)
 for _row in DROPIN:
     for _method in _forms(*_row):
         setattr(BufferAPI, _method.__name__, _method)

@@ -91,3 +91,68 @@ def test_what_the_c_look_leaves_is_still_parsed_or_refused_by_name() -> None:
         else:
             assert isinstance(got, np.ndarray) and got.dtype == want.dtype and got.shape == want.shape
             assert got.__array_interface__["data"][0] == want.__array_interface__["data"][0]
+
+
+class _Parser(buffer_api.BufferAPI):
+    """The drop-in's Python parse alone, as a rank of a communicator of `size` ranks."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+
+def _parse(parser: _Parser, name: str, sendbuf: object, recvbuf: object, op: object, root: object) -> object:
+    """The Python parse of a blocking uppercase call: the engine's arguments, or the error."""
+    arguments = {"Bcast": (sendbuf, root), "Reduce": (sendbuf, recvbuf, op, root), "Allreduce": (sendbuf, recvbuf, op),
+                 "Gather": (sendbuf, recvbuf, root), "Allgather": (sendbuf, recvbuf),
+                 "Scatter": (sendbuf, recvbuf, root), "Alltoall": (sendbuf, recvbuf),
+                 "Scan": (sendbuf, recvbuf, op, "scan"), "Exscan": (sendbuf, recvbuf, op, "exscan")}[name]
+    parse = {"Scan": "_parse_scan", "Exscan": "_parse_scan"}.get(name, f"_parse_{name.lower()}")
+    try:
+        return getattr(parser, parse)(*arguments)
+    except (ArgumentError, TypeError, ValueError) as error:
+        return error
+
+
+def _same_elements(a: object, b: object) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def _buffers() -> list[object]:
+    floats = np.arange(12, dtype=np.float32)
+    return [floats, floats[:4], floats[:6], floats[:3], np.arange(12.0), np.arange(4.0), [floats, MPI.FLOAT],
+            [floats, 2, MPI.FLOAT], [floats, 4, MPI.FLOAT], [floats, MPI.BYTE], [np.arange(6.0), MPI.DOUBLE],
+            bytearray(16), [mmap.mmap(-1, 48), 12, MPI.BYTE], floats.reshape(3, 4), floats[::2], [floats, MPI.INT],
+            MPI.IN_PLACE, None]
+
+
+@pytest.mark.skipif(buffer_api._COMMON_CALL is None, reason="the C extension was not built")
+@pytest.mark.parametrize("name", list(buffer_api.COMMON_FORMS))
+def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
+    """native.dropin_call against the Python parse, on every pair of buffers, op and root, at
+    several ranks of 1-4: where C reads a call it gives the parse's very arguments (the same
+    memory, counts, op and root) and the parse needs no copy around the run; everything else,
+    errors included, is left to the parse."""
+    taken = 0
+    code = buffer_api.COMMON_FORMS[name]
+    for size, root, op in itertools.product([1, 2, 3, 4], [0, 1, 2, 7, -1, True, "0"], [MPI.SUM, MPI.MAX, MPI.MAXLOC,
+                                                                                        "sum", None]):
+        for rank in {0, size - 1, min(1, size - 1)}:
+            parser = _Parser(rank, size)
+            for sendbuf, recvbuf in itertools.product(_buffers(), repeat=2):
+                fast = buffer_api._COMMON_CALL(code, sendbuf, recvbuf, op, root, rank, size)
+                if fast is None:
+                    continue
+                taken += 1
+                want = _parse(parser, name, sendbuf, recvbuf, op, root)
+                case = (name, rank, size, root, op, sendbuf, recvbuf)
+                assert isinstance(want, buffer_api._Prepared), (case, want)
+                assert want.finish is None and want.before is None, case
+                collective, x, out, op_name, at, counts, algorithm, timeout = fast
+                assert (collective, op_name, at, counts, algorithm, timeout) == (
+                    want.call[0], want.call[3], want.call[4], want.call[5], None, None), case
+                assert _same_elements(x, want.call[1]) and _same_elements(out, want.call[2]), case
+                assert (x is out) == (want.call[1] is want.call[2]), case  # in place where the parse is
+    assert taken > 50  # the common forms are read in C

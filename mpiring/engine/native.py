@@ -92,6 +92,16 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
     return _replay.spec_items
 
 
+def dropin_call(ops: dict, in_place: Any) -> Callable[..., Any] | None:
+    """The C reading of the drop-in's common calls (mpiring.buffer_api.COMMON_FORMS: the engine's
+    blocking run's arguments, else None), knowing these ops ({id(op): (op, name)}) and
+    MPI.IN_PLACE; None where the extension is not there."""
+    if not available():
+        return None
+    _replay.dropin_tables(ops, in_place)
+    return _replay.dropin_call
+
+
 def describe() -> str:
     """Where schedules replay, in words (`mpiring info`)."""
     if _replay is None:
