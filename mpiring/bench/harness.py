@@ -4,9 +4,11 @@ For each size, on every rank:
 1. buffers are made once (inputs hold small integers, so every reduction order gives the same
    bits and mpiring's result can be compared with MPI's exactly);
 2. two calls of mpiring's collective per buffer set, which build the plans the ceiling replays;
-3. a check: one run of mpiring's collective and the native one into sentinel-filled results;
-   `#wrong` counts the elements of mpiring's result that differ from the native result, summed
-   over ranks;
+3. a check: one run of mpiring's collective (in the form timed) and the native one into
+   sentinel-filled results; `#wrong` counts the elements of mpiring's result that differ from
+   the native result, summed over ranks. The native result is always the row's `native` call
+   (out of place but for broadcast): the in-place form puts each rank's input in place first,
+   which its timed calls do not;
 4. mpiring's collective, the native one and the ceiling timed by `mpiring.bench.timing`, the
    method and statistic every mpiring tool shares: `--warmup` untimed calls of each, then `--reps`
    rounds in which each of the three times one batch of `--iters` calls after a barrier (so a
@@ -18,6 +20,7 @@ For each size, on every rank:
 from __future__ import annotations
 
 import itertools
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -29,7 +32,7 @@ from mpi4py import MPI
 from mpiring.bench import timing
 from mpiring.bench.device import Device
 from mpiring.bench.options import Options
-from mpiring.bench.table import Buffers, CeilingStep, Collective, Setup
+from mpiring.bench.table import DROP_IN_FORMS, Buffers, CeilingStep, Collective, Setup
 from mpiring.engine.requests import MessagesOnly
 from mpiring.ops import AVG, PROD
 
@@ -123,7 +126,7 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
     x = None if host is None else device.put(device.xp, host)
     if row.in_place:
         native = device.put(device.native_xp, host)
-        return Buffers(x=x, ours=x, native_x=native, native=native)
+        return Buffers(x=x, ours=x, native_x=native, native=native, counts=(count,) * setup.size)
     native_x = x if device.native_xp is device.xp or host is None else device.put(device.native_xp, host)
     return Buffers(
         x=x,
@@ -196,15 +199,21 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
 
     The timed calls make no dataclass copies (microseconds each, which would be charged to the
     call): what a form derives from (setup, buffers) is made once per pair and kept (`derived`),
-    and the arrays a form makes anew each call are set on that copy."""
+    and the arrays a form makes anew each call are set on that copy. The check's call puts the
+    input where the form's own buffers need it first (the timed calls leave them as they are)."""
     xp = device.native_xp
-    last: dict[str, tuple] = {}
+    latest: dict[str, tuple] = {}
+    kept: dict[tuple[str, int, int], tuple] = {}
 
     def derived(what: str, s: Setup, b: Buffers, make: Callable) -> Any:
-        kept = last.get(what)
-        if kept is None or kept[0] is not s or kept[1] is not b:
-            kept = last[what] = (s, b, make(s, b))
-        return kept[2]
+        last = latest.get(what)
+        if last is not None and last[0] is s and last[1] is b:  # the last call's set (the only one without --rotate)
+            return last[2]
+        last = kept.get((what, id(s), id(b)))  # another set's (--rotate), made on that set's first call
+        if last is None:
+            last = kept[(what, id(s), id(b))] = (s, b, make(s, b))
+        latest[what] = last
+        return last[2]
 
     def new_output(s: Setup, b: Buffers, into: Buffers) -> Buffers:
         """A new native output; an in-place collective's root (broadcast) fills it with its input
@@ -234,18 +243,84 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
     def into_ours(call: Callable) -> Callable:
         return lambda s, b: (call(s, b), b.ours)[1]
 
+    def mapped(s: Setup, b: Buffers) -> tuple:
+        """The dropin-mmap form's messages, [mmap, count, type] (the row's `message`): each array
+        of the set copied into an anonymous mmap of its own, as mpi4py's OSU demos allocate (an
+        array that mpiring and MPI share, the host input, shares its mmap too). Returns the
+        arguments of mpiring's call and of MPI's, and {id(array): (its mmap, an array over it)}."""
+        twins: dict[int, tuple[mmap.mmap, numpy.ndarray]] = {}
+
+        def message(a: Any) -> list | None:
+            if a is None:
+                return None
+            if id(a) not in twins:
+                memory = mmap.mmap(-1, max(a.nbytes, 1))
+                twin = numpy.frombuffer(memory, a.dtype, a.size)
+                twin[...] = a
+                twins[id(a)] = (memory, twin)
+            return row.message(s, twins[id(a)][0], a.itemsize, b.counts)
+
+        return ((replace(s, mpi=s.comm), replace(b, native_x=message(b.x), native=message(b.ours))),
+                (s, replace(b, native_x=message(b.native_x), native=message(b.native))), twins)
+
+    def mmap_result(s: Setup, b: Buffers) -> Any:
+        mine, _, twins = derived("dropin-mmap", s, b, mapped)
+        for a in (b.x, b.ours):  # the input, and the result's sentinels
+            if a is not None:
+                twins[id(a)][1][...] = a
+        row.native(*mine)
+        return None if b.ours is None else twins[id(b.ours)][1]
+
+    in_place = row.native_in_place
+
+    def in_place_buffers(s: Setup, b: Buffers) -> tuple:
+        """The dropin-inplace form's buffers: a receive buffer of each side's own (InPlace.elems)
+        with the input staged in it. Returns the arguments of mpiring's call and of MPI's."""
+        elems = in_place.elems(b.counts[s.rank], s.size, s.rank == s.root)
+        dtype = (b.x if b.x is not None else b.ours).dtype
+
+        def receive(module: Any, x: Any) -> Any:
+            if elems is None:
+                return None
+            buf = device.empty(module, elems, dtype)
+            in_place.stage(s, x, buf)
+            return buf
+
+        return ((replace(s, mpi=s.comm), replace(b, native_x=b.x, native=receive(device.xp, b.x))),
+                (s, replace(b, native=receive(device.native_xp, b.native_x))))
+
+    def in_place_result(s: Setup, b: Buffers) -> Any:
+        mine = derived("dropin-inplace", s, b, in_place_buffers)[0]
+        receive = mine[1].native
+        if receive is not None:
+            receive.fill(OURS_SENTINEL)  # what neither the staging nor the call writes shows up
+        result = in_place.stage(s, b.x, receive)  # the input, where the timed calls left results
+        in_place.call(*mine)
+        return result
+
     if form == "plain":
         return row.plain, plain_native, row.plain
     if form == "fresh":
         return fresh, fresh_native, fresh
-    if form == "dropin":
+    if form == "dropin" or (form == "dropin-inplace" and in_place is None):
         return on_the_drop_in, row.native, into_ours(on_the_drop_in)
+    if form == "dropin-mmap":
+        return (lambda s, b: row.native(*derived("dropin-mmap", s, b, mapped)[0]),
+                lambda s, b: row.native(*derived("dropin-mmap", s, b, mapped)[1]), mmap_result)
+    if form == "dropin-inplace":
+        return (lambda s, b: in_place.call(*derived("dropin-inplace", s, b, in_place_buffers)[0]),
+                lambda s, b: in_place.call(*derived("dropin-inplace", s, b, in_place_buffers)[1]),
+                in_place_result)
     return row.ours, row.native, into_ours(row.ours)
 
 
-def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device, result_of: Callable) -> int:
+def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device, result_of: Callable,
+                averages: bool = True) -> int:
     """Elements of mpiring's result on this rank (`result_of(setup, buffers)`, the form's call)
-    that differ from the native result.
+    that differ from the native result (the row's `native` call, never in place).
+
+    `averages`: whether mpiring's call averages for --op avg (the lowercase calls); the drop-in
+    forms pass MPI.SUM, as the native side does.
 
     Collective: every rank runs both calls, also those that get no result (gather off the root).
     """
@@ -260,7 +335,7 @@ def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device,
     if not has_result or not row.averaged_over(setup.rank, setup.size):  # exscan's rank 0: undefined
         return 0
     ours, native = device.to_host(ours), device.to_host(buffers.native).copy()
-    if row.reduces and setup.op == AVG:  # the native side summed; divide as mpiring's avg does
+    if averages and row.reduces and setup.op == AVG:  # the native side summed; divide as mpiring's avg does
         numpy.true_divide(native, row.averaged_over(setup.rank, setup.size), out=native)
     return int(numpy.count_nonzero(ours.reshape(native.shape) != native))
 
@@ -296,7 +371,7 @@ def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers:
            count: int, options: Options, algorithm_label: str, form: str, result_of: Callable) -> Result:
     """Check, then warm up and time the three calls of one size; every rank gets the Result."""
     world = setup.mpi
-    wrong = count_wrong(row, setup, buffers, device, result_of)
+    wrong = count_wrong(row, setup, buffers, device, result_of, averages=form not in DROP_IN_FORMS)
     mine, theirs, bare = timing.time_calls(  # mpiring's, native MPI's, the ceiling's
         world, calls, iters=options.iters, reps=options.reps, warmup=options.warmup, sync=device.synchronize)
     wrong = world.allreduce(wrong, MPI.SUM)

@@ -21,7 +21,8 @@ from mpiring.launch import RankZeroArgumentParser
 from mpiring.ops import OPS, SUM, op_problem
 
 COLLECTIVE_NAMES = NAMES
-FORM_NAMES = ("best", "plain", "fresh", "dropin")  # mpiring.bench.table.FORMS says what each is
+# mpiring.bench.table.FORMS says what each is
+FORM_NAMES = ("best", "plain", "fresh", "dropin", "dropin-mmap", "dropin-inplace")
 PROG = "mpiring-bench"
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -115,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--form", default="best", choices=(*FORM_NAMES, "all"),
         help="how mpiring is called, each against the native call a mpi4py user would write: best (the same "
              "arrays, out= and counts= given), plain (no out= or counts=), fresh (a new input each call), "
-             "dropin (comm.Allreduce(x, y) ...), or all (default best)")
+             "dropin (comm.Allreduce(x, y) ...), dropin-mmap (the drop-in with [buf, count, type] over an mmap, as "
+             "mpi4py's OSU demos), dropin-inplace (the drop-in with MPI.IN_PLACE where MPI allows it), or all "
+             "(default best)")
     add("-w", "--warmup", type=_nonnegative_int, default=5, help="untimed iterations per size (default 5)")
     add("-n", "--iters", type=_positive(int), default=20, help="iterations per timed batch (default 20)")
     add("--reps", type=_positive(int), default=5,
