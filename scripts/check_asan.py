@@ -1,10 +1,10 @@
-"""Run the C replay's tests with mpiring/engine/_replay.c built under AddressSanitizer.
+"""Run the C replay's tests with mpiring/engine/replay_c/ built under AddressSanitizer.
 
     python scripts/check_asan.py                    # the default tests at 2 and 3 ranks; CI runs it
     python scripts/check_asan.py --sizes 2 -- tests/test_shortcut.py -k persistent
 
-Builds the extension with `-fsanitize=address` into a copy of the working tree (the checkout's
-own build is left alone), then runs tests/run_world_sizes.py from that copy with libasan
+Builds the extension, every C file setup.py lists, with `-fsanitize=address` into a copy of the
+working tree (the checkout's own build is left alone), then runs tests/run_world_sizes.py from that copy with libasan
 preloaded into every rank. Any heap overflow, use after free or double free in the C Shortcut,
 the replay or the persistent requests stops the rank with ASan's report, and the run fails.
 Leak checking is off: the Python interpreter and MPI keep memory until exit by design. Needs gcc

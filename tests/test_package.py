@@ -89,7 +89,7 @@ def test_info_command():
 
 
 def test_the_compiled_replay_is_built_wherever_it_can_be():
-    """setup.py builds mpiring/engine/_replay.c where a C compiler and Python's headers are (as
+    """setup.py builds mpiring/engine/replay_c/ where a C compiler and Python's headers are (as
     here in CI); without them the install goes on and plans replay in Python. So where both
     are present, a missing extension is a broken install, not a choice."""
     import shutil
@@ -103,7 +103,7 @@ def test_the_compiled_replay_is_built_wherever_it_can_be():
 
 
 def test_without_the_compiled_replay_the_hot_state_is_python_s_and_calls_run():
-    """Where _replay.c was not built (its import fails), a communicator's hot state, traffic and
+    """Where the C replay was not built (its import fails), a communicator's hot state, traffic and
     persistent requests' fields are mpiring.engine.state's Python classes, and every form of a
     call works on them."""
     program = (

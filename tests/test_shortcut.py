@@ -1,4 +1,4 @@
-"""The C replay on its own (engine/_replay.c, through mpiring.engine.native): a Program built
+"""The C replay on its own (engine/replay_c/, through mpiring.engine.native): a Program built
 from plain data, whose one exchange has no messages, bound to arrays; the Shortcut of a cached
 blocking call, over a communicator's HotState alone; and a persistent request's C
 start() and wait(). What they take, what they count, what they compute and what they hand back
@@ -256,7 +256,7 @@ OPS_AND_DTYPES = [(op, dtype) for dtype in native.DTYPE_CODES for op in native.O
 
 @pytest.mark.parametrize(("op", "dtype"), OPS_AND_DTYPES, ids=[f"{op}-{dtype}" for op, dtype in OPS_AND_DTYPES])
 def test_c_arithmetic_is_numpy_s_where_c_does_it(op: str, dtype: np.dtype) -> None:
-    """The ops C does (native.exact_in_c, the same table as _replay.c's op_supported) give
+    """The ops C does (native.exact_in_c, the same table as replay_c/work.c's op_supported) give
     NumPy's bits, on values that wrap, overflow, are NaN or signed zeros, in place too."""
     op_code, dtype_code = native.OP_CODES[op], native.DTYPE_CODES[dtype]
     assert native._replay.supports(op_code, dtype_code) == native.exact_in_c(op_code, dtype_code)
@@ -512,7 +512,7 @@ def test_a_hot_state_never_made_is_refused() -> None:
 
 def test_numpy_array_fields_are_read_directly_only_where_they_were_found() -> None:
     samples = native._array_samples()
-    assert native._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as _replay.c reads them
+    assert native._replay.read_arrays(samples) is True  # this NumPy lays its arrays out as replay_c/arrays.c reads them
     array, address, *rest = samples[1]
     try:
         assert native._replay.read_arrays(((array, address + 8, *rest),)) is False  # disagreeing: not read

@@ -99,7 +99,7 @@ def test_consecutive_blocking_calls_never_share_a_tag(tag_ub):
     assert all(calls[n] != calls[n + 1] for n in range(19)) and calls[0] == calls[8]
     assert all(tags.with_sequence(calls[3], n) == calls[n] for n in range(20))
     base, shift, mask = tags.numbering(calls[0])
-    for n in range(20):  # what _replay.c's number_call does
+    for n in range(20):  # what replay_c/run.c's number_call does
         offset = calls[3] - base
         assert base + ((offset & ~(mask << shift)) | (n & mask) << shift) == calls[n]
     assert tags.numbering(tags.persistent(3)) == (0, 0, 0) and tags.with_sequence(tags.persistent(3), 5) == \

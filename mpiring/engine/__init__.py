@@ -14,7 +14,7 @@
 - `plan`: a device call recorded once, bound to its arrays for life (persistent requests on the
   real buffers, the arithmetic with its functions resolved).
 - `cache`: the per-communicator cache of schedules and plans.
-- `native`: the Python binding to the C replay (`_replay.c`): schedules and plans run as plain
+- `native`: the Python binding to the C replay (`replay_c/`): schedules and plans run as plain
   data, and the C Shortcut of a cached blocking call.
 - `run`: runs a call to its end, blocking: an unrecorded call's generator, or a schedule or plan
   (in C through `native` where it was built).

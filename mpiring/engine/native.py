@@ -1,4 +1,4 @@
-"""The C replay (mpiring/engine/_replay.c), from Python: binding the MPI library, making
+"""The C replay (mpiring/engine/replay_c/), from Python: binding the MPI library, making
 Programs from schedules and plans as plain data, and the Shortcut that takes a cached blocking
 call without entering Python (`shortcut`, below).
 
@@ -48,7 +48,7 @@ RESULT_CODES = {"none": 0, "out": 1, "x": 2}
 _INT_MAX = 2**31 - 1
 _NOWHERE = (-1, 0)
 
-# dtype and op codes, as _replay.c numbers them
+# dtype and op codes, as replay_c/replay.h numbers them
 DTYPE_CODES = {np.dtype(name): code for code, name in enumerate(
     ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64",
      "complex64", "complex128"))}
@@ -59,9 +59,9 @@ _DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
 def exact_in_c(op_code: int, dtype_code: int) -> bool:
-    """Whether _replay.c does this op on this dtype with NumPy's exact results (its op_supported):
-    every op on bool and integers; sum and product on float32/float64; sum on complex. Float min
-    and max (NaN and signed zeros), complex products and float16 stay with NumPy."""
+    """Whether the C replay does this op on this dtype with NumPy's exact results (op_supported in
+    replay_c/work.c): every op on bool and integers; sum and product on float32/float64; sum on
+    complex. Float min and max (NaN and signed zeros), complex products and float16 stay with NumPy."""
     kind = _DTYPES[dtype_code].kind
     if kind == "f":
         return op_code in (OP_CODES[SUM], OP_CODES[PROD])
@@ -123,7 +123,7 @@ def _bind() -> bool:
             def address(name: str) -> int:
                 return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
 
-            if MPI._sizeof(MPI.Comm) != MPI._sizeof(MPI.Datatype):  # _replay.c passes both as one kind
+            if MPI._sizeof(MPI.Comm) != MPI._sizeof(MPI.Datatype):  # replay_c/mpi.c passes both as one kind
                 raise ValueError("communicator and datatype handles differ in size")
             probe = MPI.Request()
             request_offset = MPI._addressof(probe) - id(probe)  # where a Request object keeps its handle
@@ -142,8 +142,8 @@ def _bind() -> bool:
 
 
 def _array_samples() -> tuple:
-    """Arrays of several shapes, strides and flags, with what NumPy says of each: _replay.c reads
-    an array's fields directly only if it finds these there (`read_arrays`)."""
+    """Arrays of several shapes, strides and flags, with what NumPy says of each: replay_c/arrays.c
+    reads an array's fields directly only if it finds these there (`read_arrays`)."""
     base = np.arange(24.0).reshape(4, 6)
     frozen = np.zeros(3, np.int32)
     frozen.flags.writeable = False
@@ -291,8 +291,9 @@ def start(program: Any, index: int) -> None:
 
 def shortcut(hot: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
     """A blocking call that takes a compiled schedule from `hot.programs` (layout key -> Program)
-    without running Python (`Shortcut` in _replay.c), and otherwise calls `in_python` with the same
-    arguments; `in_python` itself where the extension was not built or cannot reach the MPI library.
+    without running Python (`Shortcut` in replay_c/shortcut.c), and otherwise calls `in_python`
+    with the same arguments; `in_python` itself where the extension was not built or cannot reach
+    the MPI library.
     It reads and counts in the communicator's HotState `hot` (its thread, default timeout, calls in
     flight, call count and traffic), and hands a call that stopped or raised to `after`
     (Engine._after_shortcut)."""
@@ -303,7 +304,7 @@ def shortcut(hot: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
 
 def persistent_shortcut(request: Any, hot: Any, program: Any, call: Any, spin: float,
                         handlers: tuple) -> tuple | None:
-    """A persistent request's start() and wait() in C (`PersistentShortcut` in _replay.c), each
+    """A persistent request's start() and wait() in C (`PersistentShortcut` in replay_c/persistent.c), each
     handing what it does not take to the request's own method (`handlers`: its _start_in_python,
     _wait_in_python, _failed_start and _resume_wait); it reads and counts in the communicator's
     HotState `hot`. None where there is no program."""

@@ -17,7 +17,7 @@ of the recorded size, and x and out apart or the same).
 
 A schedule is a sequence of exchanges: post a step's messages (receives first), do the copies
 that may run while they fly, wait for them, check the bytes received, do the arithmetic. The
-C replay (mpiring.engine.native, _replay.c) and the Python one here (mpiring.engine.run drives
+C replay (mpiring.engine.native, replay_c/run.c) and the Python one here (mpiring.engine.run drives
 it) are the same loop; where the C replay stops (a long wait, a wrong size, an MPI error) this
 one carries on.
 
@@ -405,7 +405,7 @@ class Schedule:
             return roots[ROOT_OUT]
         return roots[ROOT_X] if self.result_kind == RESULT_X else None
 
-    # ---- the Python replay (run.run_exchanges drives it; _replay.c does the same) ----
+    # ---- the Python replay (run.run_exchanges drives it; replay_c/run.c does the same) ----
 
     @property
     def length(self) -> int:

@@ -1,5 +1,5 @@
 """A communicator's hot state in Python: the same fields as `HotState`, `Counters` and
-`RequestFields` in mpiring/engine/_replay.c, for where that extension was not built
+`RequestFields` in the C extension (mpiring/engine/replay_c/), for where it was not built
 (mpiring.engine.native picks one form or the other, once per process).
 
 What every call reads or counts is kept in one object per communicator, which the Ring and the

@@ -1,0 +1,130 @@
+/*
+ * mpi4py's buffer specs in their common forms, read in C: spec_items is the first look of
+ * mpiring.buffer_api.simple, with the tables spec_tables is given once.
+ */
+#include "replay.h"
+
+static PyObject *spec_datatypes; /* {id(datatype): (datatype, dtype)}: the predefined datatypes a dtype moves as */
+static PyObject *spec_dtypes;    /* the dtypes mpiring moves (a frozenset) */
+static PyObject *spec_bytes;     /* {type: what makes an array of its bytes}: bytearray, mmap (numpy.frombuffer) */
+
+/* spec_tables(datatypes, dtypes, byte_buffers): the tables spec_items reads (buffer_api's, once). */
+PyObject *spec_tables(PyObject *module, PyObject *args) {
+    PyObject *datatypes, *dtypes, *byte_buffers;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes, &PyDict_Type,
+                          &byte_buffers))
+        return NULL;
+    Py_XSETREF(spec_datatypes, Py_NewRef(datatypes));
+    Py_XSETREF(spec_dtypes, Py_NewRef(dtypes));
+    Py_XSETREF(spec_bytes, Py_NewRef(byte_buffers));
+    Py_RETURN_NONE;
+}
+
+/* `buffer` as a NumPy array: itself, or the array of its bytes where it is a byte buffer the
+   tables name (a new reference); NULL, no error set, where it is neither. */
+static PyObject *as_array(PyObject *buffer) {
+    if (Py_TYPE(buffer) == readable_arrays)
+        return Py_NewRef(buffer);
+    PyObject *make = PyDict_GetItemWithError(spec_bytes, (PyObject *)Py_TYPE(buffer)); /* borrowed */
+    PyObject *array = make ? PyObject_CallOneArg(make, buffer) : NULL;
+    if (array == NULL)
+        PyErr_Clear();
+    return array;
+}
+
+/* Whether `array` is a readable one-axis C-contiguous NumPy array: its length then, else -1. */
+static Py_ssize_t flat_length(PyObject *array) {
+    const ArrayHead *a = (const ArrayHead *)array;
+    if (Py_TYPE(array) != readable_arrays || a->nd != 1 || !(a->flags & ARRAY_C_CONTIGUOUS))
+        return -1;
+    return a->dimensions[0];
+}
+
+/* spec_items(spec, blocks): the elements a spec names, for its common forms: a flat NumPy array
+   of a dtype mpiring moves, or a byte buffer (bytearray, mmap); [buffer, datatype] and [buffer,
+   count, datatype] with such a buffer and a predefined datatype, read as that datatype's elements
+   (`count` per block: `blocks` of them, as MPI counts a gather's receive buffer). The array, a
+   view of it, or its first elements; None where the generic parse must look (any other form, or
+   one it must refuse). Never raises for a spec. */
+PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyLong_CheckExact(args[1]))
+        return PyErr_Format(PyExc_TypeError, "spec_items(spec, blocks)");
+    Py_ssize_t blocks = PyLong_AsSsize_t(args[1]);
+    if (blocks < 1) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return spec_elements(args[0], blocks);
+}
+
+/* spec_items' reading of `spec` in `blocks` blocks (>= 1): a new reference to the elements, or to
+   None. */
+PyObject *spec_elements(PyObject *spec, Py_ssize_t blocks) {
+    Py_ssize_t length;
+    if (spec_datatypes == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_CheckExact(spec) ? PyList_GET_SIZE(spec) : 0;
+    if (n == 0) { /* a buffer alone: a flat array of a dtype mpiring moves, or a byte buffer's bytes */
+        PyObject *array = as_array(spec);
+        if (array == NULL)
+            Py_RETURN_NONE;
+        int moved = (length = flat_length(array)) >= 0
+                        ? PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr)
+                        : 0;
+        PyErr_Clear();
+        if (moved > 0 && length % blocks == 0)
+            return array;
+        Py_DECREF(array);
+        Py_RETURN_NONE;
+    }
+    if (n != 2 && n != 3)
+        Py_RETURN_NONE;
+    PyObject *datatype = PyList_GET_ITEM(spec, n - 1);
+    PyObject *key = PyLong_FromVoidPtr(datatype);
+    PyObject *named = key ? PyDict_GetItemWithError(spec_datatypes, key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    if (named == NULL || !PyTuple_CheckExact(named) || PyTuple_GET_SIZE(named) != 2 ||
+        PyTuple_GET_ITEM(named, 0) != datatype) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *array = as_array(PyList_GET_ITEM(spec, 0)), *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    if (array == NULL)
+        Py_RETURN_NONE;
+    if ((length = flat_length(array)) < 0) {
+        Py_DECREF(array);
+        Py_RETURN_NONE;
+    }
+    if (dtype == ((const ArrayHead *)array)->descr) {
+        items = array;
+    } else { /* the memory seen as the datatype's elements, as MPI sees it ([floats, MPI.BYTE]) */
+        items = PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) == 1
+                    ? PyObject_CallMethodOneArg(array, s_view, dtype)
+                    : NULL;
+        Py_DECREF(array);
+        if (items == NULL || (length = flat_length(items)) < 0) {
+            PyErr_Clear(); /* (a length that is no whole number of its elements: the parse says so) */
+            Py_XDECREF(items);
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t each = length / blocks;
+    if (n == 3) {
+        PyObject *count = PyList_GET_ITEM(spec, 1);
+        each = PyLong_CheckExact(count) ? PyLong_AsSsize_t(count) : -1;
+        if (each < 0 || each > length / blocks) /* (also an int past Py_ssize_t: -1 with an error) */
+            each = -1;
+        PyErr_Clear();
+    } else if (length % blocks) {
+        each = -1;
+    }
+    if (each < 0) {
+        Py_DECREF(items);
+        Py_RETURN_NONE;
+    }
+    if (each * blocks == length)
+        return items;
+    PyObject *first = PySequence_GetSlice(items, 0, each * blocks);
+    Py_DECREF(items);
+    return first;
+}
