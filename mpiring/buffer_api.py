@@ -922,11 +922,14 @@ class BufferAPI:
             in_place = x.size != n * p and _same_memory(x, out)
             if not in_place:
                 x = _matching("Reduce_scatter_block", "sendbuf", x, n * p, out.dtype)
-        if in_place:  # the receive buffer holds every block; the result lands in the first
+        finish = None
+        if in_place:  # the receive buffer holds every block; the result lands in the first, by a
+            # copy after the run (an out= inside x could not be recorded: every call would take the slow path)
             x = simple("Reduce_scatter_block", "recvbuf", recvbuf, blocks=p)
             n = x.size // p
-            out = x[:n]
-        return _Prepared("reduce_scatter", x, out, name, None, (n,) * p)
+            out = numpy.empty(n, x.dtype)
+            finish = partial(numpy.copyto, x[:n], out)
+        return _Prepared("reduce_scatter", x, out, name, None, (n,) * p, finish)
 
     def _parse_reduce_scatter_v(self, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any) -> _Prepared:
         """Without recvcounts every rank's receive count is all-gathered first (as mpi4py does)."""
@@ -963,9 +966,14 @@ class BufferAPI:
 
     def _parse_alltoallv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p = self.size
-        receive, send = packed_blocks(recvbuf, p), packed_blocks(sendbuf, p)
+        receive = packed_blocks(recvbuf, p)
+        send = receive if receive is not None and _is_in_place(sendbuf) else packed_blocks(sendbuf, p)
         if receive is not None and send is not None and receive[0].dtype == send[0].dtype:
-            return _Prepared("alltoallv", send[0], receive[0], None, None, (send[1], receive[1]))
+            if send is not receive:
+                return _Prepared("alltoallv", send[0], receive[0], None, None, (send[1], receive[1]))
+            apart = receive[0].copy()  # in place: the input copied out before each run (done once here)
+            return _Prepared("alltoallv", apart, receive[0], None, None, (receive[1], receive[1]),
+                             before=partial(numpy.copyto, apart, receive[0]))
         receive = vector("Alltoallv", "recvbuf", recvbuf, p)
         send = receive if _is_in_place(sendbuf) else vector("Alltoallv", "sendbuf", sendbuf, p)
         return self._alltoallv_of("Alltoallv", send, receive)

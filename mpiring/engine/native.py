@@ -225,7 +225,8 @@ def _typed(roots: tuple, ref: tuple[int, int], count: int, dtype: np.dtype) -> n
 def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     """The C form of a schedule (mpiring.engine.schedule), or None where it replays in Python;
     `busy`: its waits test without offering the core in between (Ring.busy_poll); without its
-    work: its messages alone (the benchmark's ceiling)."""
+    work: its messages alone (the benchmark's ceiling), numbered as call 0 on every rank (the
+    ranks may have recorded it at different calls: a cache evicts on each rank by itself)."""
     if not enabled():
         return None
     try:
@@ -242,9 +243,12 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
         after, during = (exchange.after, exchange.during) if with_work else ((), ())
         specs.append((b"", step.requests, _status_addresses(step), checks, after, fresh, during))
     roots = (0, 0, *(0 if a is None else a.__array_interface__["data"][0] for a in schedule.owned))
-    return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, schedule.call.tag,
-                           roots, schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
-                           schedule.result_kind, schedule.traffic, schedule, schedule.sequence, schedule.notice,
+    tag, notice = schedule.call.tag, schedule.notice
+    if not with_work:
+        tag, notice = schedule.tags.with_sequence(tag, 0), -1
+    return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, tag, roots,
+                           schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
+                           schedule.result_kind, schedule.traffic, schedule, schedule.sequence, notice,
                            schedule.items, MPI._handleof(schedule.notice_comm))
 
 

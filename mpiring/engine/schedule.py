@@ -443,8 +443,9 @@ class Schedule:
             if out is None and self.allocate is not None:
                 out = self.allocate()
             program.bind(x, out, None, None)
-        else:
+        else:  # numbered as call 0, as the C form is (native.program)
             self.bind(x, out)
+            self.number(0)
         return program
 
     def finish(self, index: int) -> None:
