@@ -1081,10 +1081,10 @@ _NONBLOCKING_NOTES = {
 # the defaults mpi4py gives these parameters
 _DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
 # The blocking calls whose common forms C reads straight into the engine's arguments
-# (native.dropin_call: plain specs, predefined ops, in place where no block is kept apart); their
-# codes there. Any other form, and every error, is the Python parse's.
+# (native.dropin_call: plain specs, predefined ops, MPI.IN_PLACE); their codes there. Any other
+# form, and every error, is the Python parse's.
 COMMON_FORMS = {"Bcast": 0, "Reduce": 1, "Allreduce": 2, "Gather": 3, "Allgather": 4, "Scatter": 5, "Alltoall": 6,
-                "Scan": 7, "Exscan": 8}
+                "Scan": 7, "Exscan": 8, "Alltoallv": 9}
 _COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in _OPS}, MPI.IN_PLACE)
 
 

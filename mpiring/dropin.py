@@ -42,9 +42,14 @@ class Intracomm(MPI.Intracomm):
     def served(self) -> Communicator:
         """The mpiring Communicator that runs this communicator's buffer collectives (made at the
         first one: collective)."""
-        comm = self.__dict__.get("_mpiring")
-        if comm is None:
-            comm = self.__dict__["_mpiring"] = Communicator(MPI.Intracomm(self))
+        return self._mpiring
+
+    def __getattr__(self, name: str) -> Any:
+        """`_mpiring`, made at its first use (`served`); the forwarded methods read the attribute
+        itself, which costs less than a call."""
+        if name != "_mpiring":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        comm = self.__dict__["_mpiring"] = Communicator(MPI.Intracomm(self))
         return comm
 
     def Barrier(self) -> None:  # noqa: N802 - mpi4py's names
@@ -115,7 +120,7 @@ def _forward(name: str) -> Any:
     """`Intracomm.<name>`: the same method of the mpiring Communicator that serves it."""
     parameters = entry_points.parameters_of(getattr(Communicator, name))
     arguments = ", ".join(p.name for p in parameters)
-    return entry_points.method(Intracomm, name, parameters, f"return self.served().{name}({arguments})",
+    return entry_points.method(Intracomm, name, parameters, f"return self._mpiring.{name}({arguments})",
                                getattr(Communicator, name).__doc__ or "", "Any", __name__)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+from array import array as int_array
 
 import numpy as np
 import pytest
@@ -105,7 +106,8 @@ def _parse(parser: _Parser, name: str, sendbuf: object, recvbuf: object, op: obj
     arguments = {"Bcast": (sendbuf, root), "Reduce": (sendbuf, recvbuf, op, root), "Allreduce": (sendbuf, recvbuf, op),
                  "Gather": (sendbuf, recvbuf, root), "Allgather": (sendbuf, recvbuf),
                  "Scatter": (sendbuf, recvbuf, root), "Alltoall": (sendbuf, recvbuf),
-                 "Scan": (sendbuf, recvbuf, op, "scan"), "Exscan": (sendbuf, recvbuf, op, "exscan")}[name]
+                 "Scan": (sendbuf, recvbuf, op, "scan"), "Exscan": (sendbuf, recvbuf, op, "exscan"),
+                 "Alltoallv": (sendbuf, recvbuf)}[name]
     parse = {"Scan": "_parse_scan", "Exscan": "_parse_scan"}.get(name, f"_parse_{name.lower()}")
     try:
         return getattr(parser, parse)(*arguments)
@@ -120,8 +122,18 @@ def _same_elements(a: object, b: object) -> bool:
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
-def _buffers() -> list[object]:
+def _buffers(name: str, size: int) -> list[object]:
     floats = np.arange(12, dtype=np.float32)
+    if name == "Alltoallv":  # v-variant specs, packed or not
+        two = [2] * size
+        packed = [0, *itertools.accumulate(two)][:-1]
+        return [[floats, two, MPI.FLOAT], [floats, (two, packed), MPI.FLOAT],
+                [floats, (int_array("i", two), int_array("i", packed)), MPI.FLOAT],
+                [floats, (two, packed[::-1]), MPI.FLOAT], [floats, [3] * size, MPI.FLOAT],
+                [floats, (two, packed), MPI.INT], [np.arange(12.0), two, MPI.DOUBLE],
+                [mmap.mmap(-1, 48), (int_array("i", [8] * size), int_array("i", [8 * i for i in range(size)])),
+                 MPI.BYTE], [floats, [-1] * size, MPI.FLOAT], [floats, (two, [0.0] * size), MPI.FLOAT],
+                [floats, two], floats, MPI.IN_PLACE, None]
     return [floats, floats[:4], floats[:6], floats[:3], np.arange(12.0), np.arange(4.0), [floats, MPI.FLOAT],
             [floats, 2, MPI.FLOAT], [floats, 4, MPI.FLOAT], [floats, MPI.BYTE], [np.arange(6.0), MPI.DOUBLE],
             bytearray(16), [mmap.mmap(-1, 48), 12, MPI.BYTE], floats.reshape(3, 4), floats[::2], [floats, MPI.INT],
@@ -133,15 +145,16 @@ def _buffers() -> list[object]:
 def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
     """native.dropin_call against the Python parse, on every pair of buffers, op and root, at
     several ranks of 1-4: where C reads a call it gives the parse's very arguments (the same
-    memory, counts, op and root) and the parse needs no copy around the run; everything else,
-    errors included, is left to the parse."""
+    memory, counts, op and root; an in-place gather's own block kept apart as a copy, and an
+    in-place scatter's root block as an array of its own); everything else, errors included, is
+    left to the parse."""
     taken = 0
     code = buffer_api.COMMON_FORMS[name]
     for size, root, op in itertools.product([1, 2, 3, 4], [0, 1, 2, 7, -1, True, "0"], [MPI.SUM, MPI.MAX, MPI.MAXLOC,
                                                                                         "sum", None]):
         for rank in {0, size - 1, min(1, size - 1)}:
             parser = _Parser(rank, size)
-            for sendbuf, recvbuf in itertools.product(_buffers(), repeat=2):
+            for sendbuf, recvbuf in itertools.product(_buffers(name, size), repeat=2):
                 fast = buffer_api._COMMON_CALL(code, sendbuf, recvbuf, op, root, rank, size)
                 if fast is None:
                     continue
@@ -149,10 +162,24 @@ def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
                 want = _parse(parser, name, sendbuf, recvbuf, op, root)
                 case = (name, rank, size, root, op, sendbuf, recvbuf)
                 assert isinstance(want, buffer_api._Prepared), (case, want)
-                assert want.finish is None and want.before is None, case
+                assert want.finish is None, case
                 collective, x, out, op_name, at, counts, algorithm, timeout = fast
                 assert (collective, op_name, at, counts, algorithm, timeout) == (
                     want.call[0], want.call[3], want.call[4], want.call[5], None, None), case
-                assert _same_elements(x, want.call[1]) and _same_elements(out, want.call[2]), case
-                assert (x is out) == (want.call[1] is want.call[2]), case  # in place where the parse is
+                kept_apart = want.before is not None  # in place: its own block (or its input), copied
+                throwaway = name == "Scatter" and rank == root and (recvbuf is MPI.IN_PLACE or recvbuf is None)
+                if kept_apart:
+                    assert x.dtype == want.call[1].dtype and np.array_equal(x, want.call[1]), case
+                    assert not np.shares_memory(x, out), case
+                else:
+                    assert _same_elements(x, want.call[1]), case
+                if throwaway:  # the root's block stays in its send buffer
+                    assert out.dtype == want.call[2].dtype and out.shape == want.call[2].shape, case
+                    assert not np.shares_memory(out, x), case
+                else:
+                    assert _same_elements(out, want.call[2]), case
+                if want.call[1] is want.call[2]:  # in place where the parse is
+                    assert x is out, case
+                elif x is out:  # one buffer passed twice (MPI forbids it): the parse's two views of it
+                    assert np.shares_memory(want.call[1], want.call[2]), case
     assert taken > 50  # the common forms are read in C

@@ -13,6 +13,7 @@ recorded data: `work_in_python` does a C work item's arithmetic in NumPy.
 
 from __future__ import annotations
 
+import array
 import ctypes
 from collections.abc import Callable
 from typing import Any
@@ -98,7 +99,7 @@ def dropin_call(ops: dict, in_place: Any) -> Callable[..., Any] | None:
     MPI.IN_PLACE; None where the extension is not there."""
     if not available():
         return None
-    _replay.dropin_tables(ops, in_place)
+    _replay.dropin_tables(ops, in_place, np.empty, array.array)
     return _replay.dropin_call
 
 

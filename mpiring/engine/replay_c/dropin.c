@@ -2,29 +2,35 @@
  * The drop-in's uppercase collectives (mpiring.buffer_api) in their common forms, read in C:
  * dropin_call turns `comm.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])` and its kin into the
  * arguments of the engine's blocking run, so that such a call costs about what the lowercase one
- * does. Anything else (derived datatypes, v-variants, in-place gathers, arguments to refuse) gets
- * None, and buffer_api's Python parse takes the call, with its errors.
+ * does. Anything else (derived datatypes, v-variants, arguments to refuse) gets None, and
+ * buffer_api's Python parse takes the call, with its errors.
  */
 #include "replay.h"
 
 /* What each uppercase collective is, in dropin_call's first argument (buffer_api.DROPIN_CODES) */
-enum { D_BCAST, D_REDUCE, D_ALLREDUCE, D_GATHER, D_ALLGATHER, D_SCATTER, D_ALLTOALL, D_SCAN, D_EXSCAN, D_KINDS };
+enum { D_BCAST, D_REDUCE, D_ALLREDUCE, D_GATHER, D_ALLGATHER, D_SCATTER, D_ALLTOALL, D_SCAN, D_EXSCAN, D_ALLTOALLV,
+       D_KINDS };
 static const char *const lowercase[D_KINDS] = {"broadcast", "reduce",   "allreduce", "gather", "allgather",
-                                               "scatter",   "alltoall", "scan",      "exscan"};
+                                               "scatter",   "alltoall", "scan",      "exscan", "alltoallv"};
 static PyObject *names[D_KINDS]; /* the lowercase names, interned */
 static PyObject *op_names;       /* {id(op): (op, name)}: mpi4py's predefined ops (dropin_tables) */
 static PyObject *in_place;       /* MPI.IN_PLACE */
+static PyObject *empty;          /* numpy.empty */
+static PyObject *int_arrays;     /* array.array: counts as mpi4py's demos give them */
 
-/* dropin_tables(ops, in_place): the ops buffer_api knows and MPI.IN_PLACE (once). */
+/* dropin_tables(ops, in_place, empty, int_arrays): the ops buffer_api knows, MPI.IN_PLACE,
+   numpy.empty and array.array (once). */
 PyObject *dropin_tables(PyObject *module, PyObject *args) {
-    PyObject *ops, *place;
-    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &ops, &place))
+    PyObject *ops, *place, *make, *arrays;
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &ops, &place, &make, &arrays))
         return NULL;
     for (int k = 0; k < D_KINDS; k++)
         if (names[k] == NULL && (names[k] = PyUnicode_InternFromString(lowercase[k])) == NULL)
             return NULL;
     Py_XSETREF(op_names, Py_NewRef(ops));
     Py_XSETREF(in_place, Py_NewRef(place));
+    Py_XSETREF(empty, Py_NewRef(make));
+    Py_XSETREF(int_arrays, Py_NewRef(arrays));
     Py_RETURN_NONE;
 }
 
@@ -50,6 +56,132 @@ static PyObject *elements(PyObject *spec, Py_ssize_t blocks) {
         return NULL;
     }
     return items;
+}
+
+/* A new array of `count` elements of flat `like`'s dtype (a new reference): a copy of its
+   elements from `first` on where `copy`, else uninitialised. An in-place gather's own block kept
+   apart, so that the call's x and out do not overlap (such a call could not be recorded). */
+static PyObject *apart(PyObject *like, Py_ssize_t first, Py_ssize_t count, int copy) {
+    PyObject *length = PyLong_FromSsize_t(count), *args[2] = {length, dtype_of(like)};
+    PyObject *made = length ? PyObject_Vectorcall(empty, args, 2, NULL) : NULL;
+    Py_XDECREF(length);
+    if (made == NULL || Py_TYPE(made) != readable_arrays || ((const ArrayHead *)made)->nd != 1) {
+        Py_XDECREF(made);
+        return NULL;
+    }
+    if (copy && count > 0) {
+        Py_ssize_t itemsize = ((const ArrayHead *)made)->strides[0];
+        memcpy(((const ArrayHead *)made)->data, ((const ArrayHead *)like)->data + first * itemsize,
+               (size_t)(count * itemsize));
+    }
+    return made;
+}
+
+/* `size` ints >= 0 from a list, a tuple or an array.array, into `into`: 0, else -1 (no error set). */
+static int read_counts(PyObject *given, Py_ssize_t size, Py_ssize_t *into) {
+    PyObject *type = (PyObject *)Py_TYPE(given);
+    if (type != (PyObject *)&PyList_Type && type != (PyObject *)&PyTuple_Type && type != int_arrays)
+        return -1;
+    if (PySequence_Size(given) != size) {
+        PyErr_Clear();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *item = PySequence_GetItem(given, i);
+        into[i] = item != NULL && PyLong_CheckExact(item) ? PyLong_AsSsize_t(item) : -1;
+        Py_XDECREF(item);
+        if (into[i] < 0) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A v-variant spec whose displacements pack its blocks in rank order, [buf, counts, datatype] or
+   [buf, (counts, displs), datatype] (buffer_api.packed_blocks): its first sum(counts) elements
+   (a new reference), `counts` filled (`size` of them); NULL (no error set) where not. */
+static PyObject *packed(PyObject *spec, Py_ssize_t size, Py_ssize_t *counts, Py_ssize_t *displs) {
+    if (!PyList_CheckExact(spec) || PyList_GET_SIZE(spec) != 3)
+        return NULL;
+    PyObject *given = PyList_GET_ITEM(spec, 1), *at = NULL;
+    if (PyTuple_CheckExact(given) && PyTuple_GET_SIZE(given) == 2) {
+        at = PyTuple_GET_ITEM(given, 1);
+        given = PyTuple_GET_ITEM(given, 0);
+    }
+    if (read_counts(given, size, counts) < 0 || (at != NULL && read_counts(at, size, displs) < 0))
+        return NULL;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        if (at != NULL && displs[i] != total)
+            return NULL;
+        total += counts[i];
+    }
+    PyObject *plain = PyList_New(2), *items = NULL;
+    if (plain != NULL) {
+        PyList_SET_ITEM(plain, 0, Py_NewRef(PyList_GET_ITEM(spec, 0)));
+        PyList_SET_ITEM(plain, 1, Py_NewRef(PyList_GET_ITEM(spec, 2)));
+        items = elements(plain, 1);
+        Py_DECREF(plain);
+    }
+    if (items == NULL || length_of(items) < total) {
+        Py_XDECREF(items);
+        PyErr_Clear();
+        return NULL;
+    }
+    if (length_of(items) == total)
+        return items;
+    PyObject *first = PySequence_GetSlice(items, 0, total);
+    Py_DECREF(items);
+    return first;
+}
+
+/* The tuple of `size` counts (a new reference) */
+static PyObject *counts_tuple(const Py_ssize_t *counts, Py_ssize_t size) {
+    PyObject *made = PyTuple_New(size);
+    for (Py_ssize_t i = 0; made != NULL && i < size; i++) {
+        PyObject *count = PyLong_FromSsize_t(counts[i]);
+        if (count == NULL)
+            Py_CLEAR(made);
+        else
+            PyTuple_SET_ITEM(made, i, count);
+    }
+    return made;
+}
+
+/* Alltoallv's (x, out, (send counts, receive counts)) for packed specs, in place included (the
+   input copied apart); 0, else -1 (no error set: the parse looks). */
+static int alltoallv_of(PyObject *sendbuf, PyObject *recvbuf, Py_ssize_t size, PyObject **x, PyObject **out,
+                        PyObject **counts) {
+    Py_ssize_t *room = PyMem_Malloc((size_t)(4 * size) * sizeof(Py_ssize_t));
+    if (room == NULL)
+        return -1;
+    Py_ssize_t *receive = room, *send = room + size, *displs = room + 2 * size;
+    PyObject *sent = NULL, *received = NULL;
+    *out = packed(recvbuf, size, receive, displs);
+    if (*out == NULL) {
+        PyMem_Free(room);
+        return -1;
+    }
+    if (sendbuf == in_place || sendbuf == Py_None) {
+        *x = apart(*out, 0, length_of(*out), 1);
+        memcpy(send, receive, (size_t)size * sizeof(Py_ssize_t));
+    } else {
+        *x = packed(sendbuf, size, send, displs);
+    }
+    if (*x != NULL && dtype_of(*x) == dtype_of(*out)) {
+        sent = counts_tuple(send, size);
+        received = sent ? counts_tuple(receive, size) : NULL;
+        *counts = received ? PyTuple_Pack(2, sent, received) : NULL;
+    }
+    PyMem_Free(room);
+    Py_XDECREF(sent);
+    Py_XDECREF(received);
+    if (*x != NULL && *counts != NULL)
+        return 0;
+    Py_CLEAR(*x);
+    Py_CLEAR(*out);
+    return -1;
 }
 
 /* (k, k, ..., k): `size` times (a new reference) */
@@ -113,27 +245,39 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         out = elements(recvbuf, blocks_out);
         if (out == NULL)
             break;
-        if (sendbuf == in_place || sendbuf == Py_None) /* in place: gathers keep their own block apart (Python) */
-            x = kind == D_GATHER || kind == D_ALLGATHER ? NULL : Py_NewRef(out);
-        else
+        if (sendbuf != in_place && sendbuf != Py_None)
             x = elements(sendbuf, blocks_in);
+        else if (kind == D_GATHER || kind == D_ALLGATHER) /* in place: this rank's block, kept apart */
+            x = apart(out, rank * (length_of(out) / size), length_of(out) / size, 1);
+        else
+            x = Py_NewRef(out);
         if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) * blocks_out != length_of(out) * blocks_in))
             Py_CLEAR(x);
         break;
     case D_SCATTER: /* the send buffer counts at the root only */
-        out = recvbuf == in_place || recvbuf == Py_None ? NULL : elements(recvbuf, 1);
-        if (out == NULL || !root_here) {
+        if (!root_here) {
+            out = recvbuf == in_place || recvbuf == Py_None ? NULL : elements(recvbuf, 1);
             x = out ? Py_NewRef(Py_None) : NULL;
             break;
         }
         x = elements(sendbuf, size);
-        if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))
+        if (x == NULL)
+            break;
+        if (recvbuf == in_place || recvbuf == Py_None) /* in place: the root's block stays where it is */
+            out = apart(x, 0, length_of(x) / size, 0);
+        else
+            out = elements(recvbuf, 1);
+        if (out != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))
             Py_CLEAR(x);
+        break;
+    case D_ALLTOALLV:
+        alltoallv_of(sendbuf, recvbuf, size, &x, &out, &counts);
         break;
     }
     if (x == NULL || out == NULL) {
         Py_XDECREF(x);
         Py_XDECREF(out);
+        Py_XDECREF(counts);
         PyErr_Clear();
         Py_RETURN_NONE;
     }
