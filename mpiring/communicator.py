@@ -15,18 +15,17 @@ from typing import Any
 
 from mpi4py import MPI
 
-from mpiring import collectives, consistency, entry_points, environment, identity, survival, topology
+from mpiring import collectives, consistency, entry_points, environment, identity, survival
 from mpiring.backend import NUMPY, backend_for
 from mpiring.buffer_api import BufferAPI
 from mpiring.catalogue import CATALOGUE
 from mpiring.engine.engine import Built, Engine, counts_key, counts_pair, plannable
-from mpiring.engine.farewell import communicator_made, let_go
+from mpiring.engine.farewell import private_ring
 from mpiring.engine.partition import row_bounds
 from mpiring.engine.plan import Plan
-from mpiring.engine.ring import Ring
 from mpiring.engine.schedule import Schedule
 from mpiring.engine.transport import Traffic
-from mpiring.errors import ArgumentError, CommunicationError
+from mpiring.errors import ArgumentError
 from mpiring.launch import check_world_size
 from mpiring.ops import SUM
 from mpiring.selection import read_environment
@@ -82,24 +81,8 @@ class Communicator(BufferAPI):
         if surviving and timeout is None:
             timeout = math.inf  # every wait polls, so that a loss can end it (Engine.limit)
         self._mpi = base
-        let_go()  # communicators freed earlier whose peers' farewells have come since
-        with communicator_made():
-            private = base.Dup()
-        try:
-            with communicator_made():
-                notices = private.Dup()
-        except CommunicationError:
-            private.Free()
-            raise
-        self._ring = Ring(private, notices)
+        self._ring, cores_for_all = private_ring(base)
         self._ring.describe = identity.describe
-        try:
-            with communicator_made():
-                self._ring.nodes, self._ring.node_local, cores_for_all = topology.discover(self._ring.comm)
-        except CommunicationError:
-            private.Free()
-            notices.Free()
-            raise
         self._ring.read_settings(cores_for_all)
         if surviving:
             self._start_watching()

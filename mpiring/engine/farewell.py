@@ -36,6 +36,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from mpiring import topology
 from mpiring.engine.ring import Ring
 from mpiring.errors import CommunicationError
 
@@ -118,6 +119,25 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+def private_ring(base: MPI.Intracomm) -> tuple[Ring, bool]:
+    """A Ring on two private duplicates of `base`, one for its data and one for its notices, its
+    nodes found (topology.discover; collective), and whether the machine has a core for every rank
+    on it; CommunicationError, with nothing left made, where MPI cannot make them."""
+    let_go()  # communicators freed earlier whose peers' farewells have come since
+    made: list[MPI.Intracomm] = []
+    try:
+        with communicator_made():
+            made.append(base.Dup())
+            made.append(made[0].Dup())
+            ring = Ring(*made)
+            ring.nodes, ring.node_local, cores_for_all = topology.discover(ring.comm)
+    except CommunicationError:
+        for comm in made:
+            comm.Free()
+        raise
+    return ring, cores_for_all
 
 
 @contextlib.contextmanager
