@@ -5,11 +5,17 @@ Each method hands its call to the communicator's `Engine` (mpiring.engine.engine
 collective's builder, below, check the arguments (raising before any message moves) and make its
 generator of ring steps, then finds, records or runs it: to the end for a blocking call, or step
 by step from the returned request's test()/wait(). Names follow mpi4py's lowercase API.
+
+mpi4py's uppercase methods (`Allreduce`, `Iallreduce`, `Allreduce_init`, `Get_rank`, `Dup`, ...)
+are forwards, written out at the end of this module, to the `BufferAPI` (mpiring.buffer_api) each
+communicator holds; the blocking ones of its common forms run from C's reading of their specs
+without it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -17,7 +23,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency, entry_points, environment, identity, survival
 from mpiring.backend import NUMPY, backend_for
-from mpiring.buffer_api import BufferAPI
+from mpiring.buffer_api import COMMON_CALL, COMMON_FORMS, BufferAPI
 from mpiring.catalogue import CATALOGUE
 from mpiring.engine.engine import Built, Engine, counts_key, counts_pair, plannable
 from mpiring.engine.farewell import private_ring
@@ -43,7 +49,7 @@ from mpiring.validation import (
 DEFAULT_TIMEOUT = 600.0
 
 
-class Communicator(BufferAPI):
+class Communicator:
     """Ring collectives over an mpi4py intracommunicator (COMM_WORLD by default).
 
     Creating one is collective: every rank of `comm` must do it. mpiring's messages travel on
@@ -63,6 +69,9 @@ class Communicator(BufferAPI):
     wait ends with `RankLostError` within a fraction of a second of a loss, and `revoke()`,
     `agree()` and `shrink()` let the survivors go on. The job must be launched so that a lost
     rank does not end it (MPICH: ``mpiexec -disable-auto-cleanup``).
+
+    It has mpi4py's uppercase buffer methods too (`Allreduce`, `Iallreduce`, `Allreduce_init`, ...),
+    which take mpi4py's buffer specs and leave the result in the receive buffer (docs/dropin.md).
     """
 
     def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None,
@@ -90,6 +99,7 @@ class Communicator(BufferAPI):
         self._engine = Engine(self._ring, consistency.make_checker(self._ring, check, timeout), timeout, builders)
         # what the methods call: the engine's `run`, held here too so that a call finds it in one look-up
         self._blocking = self._engine.run
+        self._buffers = BufferAPI(self, self._engine)  # the uppercase methods' parse of mpi4py's buffer specs
 
     @property
     def timeout(self) -> float | None:
@@ -453,3 +463,31 @@ _VARIANT_NOTES = {
                       "counts first).",
 }
 entry_points.add_variants(Communicator, CATALOGUE, _VARIANT_NOTES)
+
+
+# ---- mpi4py's uppercase methods: forwards to the communicator's BufferAPI ----
+
+
+def _uppercase(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Communicator's method of `function`'s name, signature and docstring (a method of BufferAPI),
+    which calls it on the communicator's `_buffers`. A blocking call of COMMON_FORMS first has C
+    read its specs (native.dropin_call) and runs what it reads at once, with no other Python call
+    on the way; only what C leaves goes to BufferAPI's parse."""
+    name = function.__name__
+    if name not in COMMON_FORMS or COMMON_CALL is None:
+        return entry_points.forward(Communicator, function, "_buffers", __name__)
+    parameters = entry_points.parameters_of(function)
+    given = {p.name for p in parameters}
+    send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
+    read = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
+                      "root" if "root" in given else "None", "self.rank", "self.size"))
+    body = (f"call = common_call({read})\n    if call is None:\n"
+            f"        return self._buffers.{name}({entry_points.arguments_of(parameters)})\n    self._blocking(*call)")
+    return entry_points.method(Communicator, name, parameters, body, function.__doc__ or "", "None", __name__,
+                               {"common_call": COMMON_CALL})
+
+
+for _name, _function in vars(BufferAPI).items():
+    if _name[:1].isupper():
+        setattr(Communicator, _name, _uppercase(_function))
+del _name, _function

@@ -116,18 +116,11 @@ def _dropin(comm: MPI.Intracomm) -> Any:
     return Intracomm(comm)
 
 
-def _forward(name: str) -> Any:
-    """`Intracomm.<name>`: the same method of the mpiring Communicator that serves it."""
-    parameters = entry_points.parameters_of(getattr(Communicator, name))
-    arguments = ", ".join(p.name for p in parameters)
-    return entry_points.method(Intracomm, name, parameters, f"return self._mpiring.{name}({arguments})",
-                               getattr(Communicator, name).__doc__ or "", "Any", __name__)
-
-
+# `Intracomm.<name>`: the same method of the mpiring Communicator that serves it
 for _row in DROPIN:
     _name = _row[0]
     for _form in (_name, "I" + _name[0].lower() + _name[1:], f"{_name}_init"):
-        setattr(Intracomm, _form, _forward(_form))
+        setattr(Intracomm, _form, entry_points.forward(Intracomm, getattr(Communicator, _form), "_mpiring", __name__))
 del _row, _name, _form
 
 COMM_WORLD = Intracomm(MPI.COMM_WORLD)

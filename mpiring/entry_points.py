@@ -1,10 +1,14 @@
 """Methods written out from a table, as MPICH generates its entry points: the nonblocking and
 persistent forms of `Communicator`'s collectives and of the drop-in's uppercase ones take their
-blocking form's parameters, and differ only in the one call their body makes.
+blocking form's parameters, and differ only in the one call their body makes; a forward (the
+uppercase methods of `Communicator` and of mpiring.dropin's `Intracomm`) takes the parameters
+of the method it calls.
 
     Communicator.allreduce(self, x, op="sum", *, out=None, ...)         written by hand
       -> iallreduce(self, x, op=..., *, out=..., ...):     return self._engine.start("allreduce", x, out, op, ...)
       -> allreduce_init(...):                               return self._engine.persistent("allreduce", ...)
+    BufferAPI.Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM)             from buffer_api.DROPIN
+      -> Communicator.Iallreduce(...):                      return self._buffers.Iallreduce(sendbuf, recvbuf, op)
 
 The source of each method is written out and compiled, so that a call binds its arguments as
 fast as a hand-written method; `inspect.signature` and the API reference show its parameters.
@@ -18,9 +22,11 @@ from typing import Any
 
 
 def method(owner: type, name: str, parameters: Sequence[inspect.Parameter], body: str, doc: str,
-           returns: str, module: str) -> Callable[..., Any]:
-    """A function `name(self, <parameters>)` whose body is the one line `body` (which may name
-    the parameters and `self`), documented by `doc`, for the class `owner` of module `module`."""
+           returns: Any, module: str, names: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """A function `name(self, <parameters>)` whose body is `body` (which may name the parameters,
+    `self` and the objects in `names`), documented by `doc`, for the class `owner` of module
+    `module`. Each line of a body of several lines but the first starts with the function's
+    indentation, four spaces."""
     defaults = {f"_default_{p.name}": p.default for p in parameters if p.default is not p.empty}
     listed, keyword_only = ["self"], False
     for p in parameters:
@@ -28,7 +34,7 @@ def method(owner: type, name: str, parameters: Sequence[inspect.Parameter], body
             listed.append("*")
             keyword_only = True
         listed.append(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}")
-    namespace: dict[str, Any] = dict(defaults)
+    namespace: dict[str, Any] = {**defaults, **(names or {})}
     exec(f"def {name}({', '.join(listed)}):\n    {body}\n", namespace)  # noqa: S102 - built from signatures here
     function = namespace[name]
     self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -42,6 +48,19 @@ def method(owner: type, name: str, parameters: Sequence[inspect.Parameter], body
 def parameters_of(function: Callable[..., Any]) -> list[inspect.Parameter]:
     """A method's parameters after `self`."""
     return list(inspect.signature(function).parameters.values())[1:]
+
+
+def arguments_of(parameters: Sequence[inspect.Parameter]) -> str:
+    """The arguments that pass `parameters` on as they were given: `a, b, c=c` (keyword-only by name)."""
+    return ", ".join(f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name for p in parameters)
+
+
+def forward(owner: type, function: Callable[..., Any], held: str, module: str) -> Callable[..., Any]:
+    """`owner`'s method of `function`'s name, signature and docstring, which calls the method of
+    that name of the object in `self.<held>`."""
+    name, parameters = function.__name__, parameters_of(function)
+    return method(owner, name, parameters, f"return self.{held}.{name}({arguments_of(parameters)})",
+                  function.__doc__ or "", inspect.signature(function).return_annotation, module)
 
 
 def add_variants(owner: type, names: Sequence[str], notes: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """The C first look at an mpi4py buffer spec (mpiring.engine.native.spec_items, which
-buffer_api.simple asks first) against the generic parse in Python: on every spec it takes (NumPy
+buffer_specs.simple asks first) against the generic parse in Python: on every spec it takes (NumPy
 arrays and byte buffers, alone or with a datatype and a count) it gives the same elements (the
 same memory, length and dtype), and it leaves every other one, those the parse refuses
 included, to the parse (serial tests)."""
@@ -9,15 +9,16 @@ from __future__ import annotations
 import itertools
 import mmap
 from array import array as int_array
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpiring import buffer_api
+from mpiring import buffer_api, buffer_specs
 from mpiring.errors import ArgumentError
 
-pytestmark = pytest.mark.skipif(buffer_api._SPEC_ITEMS is None, reason="the C extension was not built")
+pytestmark = pytest.mark.skipif(buffer_specs._SPEC_ITEMS is None, reason="the C extension was not built")
 
 DTYPES = ["float32", "float64", "int8", "uint16", "int64", "complex64", "bool", "float16"]
 DATATYPES = [MPI.FLOAT, MPI.DOUBLE, MPI.BYTE, MPI.INT64_T, MPI.C_BOOL, MPI.INT, MPI.C_FLOAT_COMPLEX]
@@ -53,21 +54,21 @@ def specs() -> list[object]:
 
 def generic(spec: object, blocks: int) -> object:
     """simple() with the C look switched off: the elements, or the error it raises."""
-    kept = buffer_api._SPEC_ITEMS
-    buffer_api._SPEC_ITEMS = None
+    kept = buffer_specs._SPEC_ITEMS
+    buffer_specs._SPEC_ITEMS = None
     try:
-        return buffer_api.simple("Gather", "recvbuf", spec, blocks)
+        return buffer_specs.simple("Gather", "recvbuf", spec, blocks)
     except (ArgumentError, TypeError, ValueError) as error:
         return error
     finally:
-        buffer_api._SPEC_ITEMS = kept
+        buffer_specs._SPEC_ITEMS = kept
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3])
 def test_the_c_look_takes_only_what_the_parse_takes_and_gives_the_same_elements(blocks: int) -> None:
     taken = 0
     for spec in specs():
-        fast = buffer_api._SPEC_ITEMS(spec, blocks)
+        fast = buffer_specs._SPEC_ITEMS(spec, blocks)
         if fast is None:
             continue
         taken += 1
@@ -83,7 +84,7 @@ def test_what_the_c_look_leaves_is_still_parsed_or_refused_by_name() -> None:
     """Every spec, through simple() as the drop-in calls it: the C look first, then the parse."""
     for spec, blocks in itertools.product(specs(), [1, 2]):
         try:
-            got = buffer_api.simple("Gather", "recvbuf", spec, blocks)
+            got = buffer_specs.simple("Gather", "recvbuf", spec, blocks)
         except (ArgumentError, TypeError, ValueError) as error:
             got = error
         want = generic(spec, blocks)
@@ -94,14 +95,13 @@ def test_what_the_c_look_leaves_is_still_parsed_or_refused_by_name() -> None:
             assert got.__array_interface__["data"][0] == want.__array_interface__["data"][0]
 
 
-class _Parser(buffer_api.BufferAPI):
-    """The drop-in's Python parse alone, as a rank of a communicator of `size` ranks."""
-
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank, self.size = rank, size
+def _parser(rank: int, size: int) -> buffer_api.BufferAPI:
+    """The drop-in's Python parse alone, as a rank of a communicator of `size` ranks (no engine)."""
+    return buffer_api.BufferAPI(SimpleNamespace(rank=rank, size=size), None)
 
 
-def _parse(parser: _Parser, name: str, sendbuf: object, recvbuf: object, op: object, root: object) -> object:
+def _parse(parser: buffer_api.BufferAPI, name: str, sendbuf: object, recvbuf: object, op: object,
+           root: object) -> object:
     """The Python parse of a blocking uppercase call: the engine's arguments, or the error."""
     arguments = {"Bcast": (sendbuf, root), "Reduce": (sendbuf, recvbuf, op, root), "Allreduce": (sendbuf, recvbuf, op),
                  "Gather": (sendbuf, recvbuf, root), "Allgather": (sendbuf, recvbuf),
@@ -140,7 +140,7 @@ def _buffers(name: str, size: int) -> list[object]:
             MPI.IN_PLACE, None]
 
 
-@pytest.mark.skipif(buffer_api._COMMON_CALL is None, reason="the C extension was not built")
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
 @pytest.mark.parametrize("name", list(buffer_api.COMMON_FORMS))
 def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
     """native.dropin_call against the Python parse, on every pair of buffers, op and root, at
@@ -153,9 +153,9 @@ def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
     for size, root, op in itertools.product([1, 2, 3, 4], [0, 1, 2, 7, -1, True, "0"], [MPI.SUM, MPI.MAX, MPI.MAXLOC,
                                                                                         "sum", None]):
         for rank in {0, size - 1, min(1, size - 1)}:
-            parser = _Parser(rank, size)
+            parser = _parser(rank, size)
             for sendbuf, recvbuf in itertools.product(_buffers(name, size), repeat=2):
-                fast = buffer_api._COMMON_CALL(code, sendbuf, recvbuf, op, root, rank, size)
+                fast = buffer_api.COMMON_CALL(code, sendbuf, recvbuf, op, root, rank, size)
                 if fast is None:
                     continue
                 taken += 1

@@ -10,7 +10,7 @@ from exporters import DeviceOnly, LegacyDLPack
 from mpi4py import MPI
 from run_mpi4py_suite import REFUSALS, _agree, _refusal
 
-from mpiring.buffer_api import bytes_vector, op_name, simple
+from mpiring.buffer_specs import bytes_vector, op_name, simple
 from mpiring.errors import ArgumentError
 
 # one call per documented refusal, as the drop-in parses it

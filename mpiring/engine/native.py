@@ -85,7 +85,7 @@ def enabled() -> bool:
 
 
 def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callable[[Any, int], Any] | None:
-    """The C form of the first look of mpiring.buffer_api.simple (the common forms of a buffer
+    """The C form of the first look of mpiring.buffer_specs.simple (the common forms of a buffer
     spec, else None), reading these tables; None where the extension is not there."""
     if not available():
         return None
@@ -94,9 +94,9 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
 
 
 def dropin_call(ops: dict, in_place: Any) -> Callable[..., Any] | None:
-    """The C reading of the drop-in's common calls (mpiring.buffer_api.COMMON_FORMS: the engine's
-    blocking run's arguments, else None), knowing these ops ({id(op): (op, name)}) and
-    MPI.IN_PLACE; None where the extension is not there."""
+    """The C reading of the drop-in's common calls (mpiring.buffer_api.COMMON_FORMS, asked first by
+    Communicator's blocking uppercase methods: the engine's blocking run's arguments, else None),
+    knowing these ops ({id(op): (op, name)}) and MPI.IN_PLACE; None where the extension is not there."""
     if not available():
         return None
     _replay.dropin_tables(ops, in_place, np.empty, array.array)

@@ -3,11 +3,11 @@
  * dropin_call turns `comm.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])` and its kin into the
  * arguments of the engine's blocking run, so that such a call costs about what the lowercase one
  * does. Anything else (derived datatypes, v-variants, arguments to refuse) gets None, and
- * buffer_api's Python parse takes the call, with its errors.
+ * buffer_api's Python parse (BufferAPI) takes the call, with its errors.
  */
 #include "replay.h"
 
-/* What each uppercase collective is, in dropin_call's first argument (buffer_api.DROPIN_CODES) */
+/* What each uppercase collective is, in dropin_call's first argument (buffer_api.COMMON_FORMS) */
 enum { D_BCAST, D_REDUCE, D_ALLREDUCE, D_GATHER, D_ALLGATHER, D_SCATTER, D_ALLTOALL, D_SCAN, D_EXSCAN, D_ALLTOALLV,
        D_KINDS };
 static const char *const lowercase[D_KINDS] = {"broadcast", "reduce",   "allreduce", "gather", "allgather",
@@ -18,7 +18,7 @@ static PyObject *in_place;       /* MPI.IN_PLACE */
 static PyObject *empty;          /* numpy.empty */
 static PyObject *int_arrays;     /* array.array: counts as mpi4py's demos give them */
 
-/* dropin_tables(ops, in_place, empty, int_arrays): the ops buffer_api knows, MPI.IN_PLACE,
+/* dropin_tables(ops, in_place, empty, int_arrays): the ops buffer_specs knows, MPI.IN_PLACE,
    numpy.empty and array.array (once). */
 PyObject *dropin_tables(PyObject *module, PyObject *args) {
     PyObject *ops, *place, *make, *arrays;
@@ -99,7 +99,7 @@ static int read_counts(PyObject *given, Py_ssize_t size, Py_ssize_t *into) {
 }
 
 /* A v-variant spec whose displacements pack its blocks in rank order, [buf, counts, datatype] or
-   [buf, (counts, displs), datatype] (buffer_api.packed_blocks): its first sum(counts) elements
+   [buf, (counts, displs), datatype] (buffer_specs.packed_blocks): its first sum(counts) elements
    (a new reference), `counts` filled (`size` of them); NULL (no error set) where not. */
 static PyObject *packed(PyObject *spec, Py_ssize_t size, Py_ssize_t *counts, Py_ssize_t *displs) {
     if (!PyList_CheckExact(spec) || PyList_GET_SIZE(spec) != 3)

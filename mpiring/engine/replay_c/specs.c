@@ -1,6 +1,6 @@
 /*
  * mpi4py's buffer specs in their common forms, read in C: spec_items is the first look of
- * mpiring.buffer_api.simple, with the tables spec_tables is given once.
+ * mpiring.buffer_specs.simple, with the tables spec_tables is given once.
  */
 #include "replay.h"
 
@@ -8,7 +8,7 @@ static PyObject *spec_datatypes; /* {id(datatype): (datatype, dtype)}: the prede
 static PyObject *spec_dtypes;    /* the dtypes mpiring moves (a frozenset) */
 static PyObject *spec_bytes;     /* {type: what makes an array of its bytes}: bytearray, mmap (numpy.frombuffer) */
 
-/* spec_tables(datatypes, dtypes, byte_buffers): the tables spec_items reads (buffer_api's, once). */
+/* spec_tables(datatypes, dtypes, byte_buffers): the tables spec_items reads (buffer_specs', once). */
 PyObject *spec_tables(PyObject *module, PyObject *args) {
     PyObject *datatypes, *dtypes, *byte_buffers;
     if (!PyArg_ParseTuple(args, "O!O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes, &PyDict_Type,
