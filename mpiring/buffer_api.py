@@ -519,3 +519,29 @@ for _row in DROPIN:
     for _method in _forms(*_row):
         setattr(BufferAPI, _method.__name__, _method)
 del _row, _method
+
+
+def add_uppercase(owner: type) -> None:
+    """Give `owner` (mpiring.Communicator, which holds a BufferAPI as `_buffers` and the engine's
+    blocking run as `_blocking`) every uppercase method of BufferAPI, of the same name, signature
+    and docstring, as a forward to its `_buffers`. A blocking call of COMMON_FORMS first has C
+    read its specs (COMMON_CALL) and runs what it reads at once, with no other Python call on the
+    way; only what C leaves goes to BufferAPI's parse."""
+    for name, function in vars(BufferAPI).items():
+        if name[:1].isupper():
+            setattr(owner, name, _uppercase(owner, function))
+
+
+def _uppercase(owner: type, function: Callable[..., Any]) -> Callable[..., Any]:
+    name = function.__name__
+    if name not in COMMON_FORMS or COMMON_CALL is None:
+        return entry_points.forward(owner, function, "_buffers", owner.__module__)
+    parameters = entry_points.parameters_of(function)
+    given = {p.name for p in parameters}
+    send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
+    read = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
+                      "root" if "root" in given else "None", "self.rank", "self.size"))
+    body = (f"call = common_call({read})\n    if call is None:\n"
+            f"        return self._buffers.{name}({entry_points.arguments_of(parameters)})\n    self._blocking(*call)")
+    return entry_points.method(owner, name, parameters, body, function.__doc__ or "", "None", owner.__module__,
+                               {"common_call": COMMON_CALL})

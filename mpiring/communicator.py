@@ -7,15 +7,14 @@ generator of ring steps, then finds, records or runs it: to the end for a blocki
 by step from the returned request's test()/wait(). Names follow mpi4py's lowercase API.
 
 mpi4py's uppercase methods (`Allreduce`, `Iallreduce`, `Allreduce_init`, `Get_rank`, `Dup`, ...)
-are forwards, written out at the end of this module, to the `BufferAPI` (mpiring.buffer_api) each
-communicator holds; the blocking ones of its common forms run from C's reading of their specs
-without it.
+are forwards to the `BufferAPI` (mpiring.buffer_api) each communicator holds, written out by
+`buffer_api.add_uppercase`; the blocking ones of its common forms run from C's reading of their
+specs without it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -23,7 +22,7 @@ from mpi4py import MPI
 
 from mpiring import collectives, consistency, entry_points, environment, identity, survival
 from mpiring.backend import NUMPY, backend_for
-from mpiring.buffer_api import COMMON_CALL, COMMON_FORMS, BufferAPI
+from mpiring.buffer_api import BufferAPI, add_uppercase
 from mpiring.catalogue import CATALOGUE
 from mpiring.engine.engine import Built, Engine, counts_key, counts_pair, plannable
 from mpiring.engine.farewell import private_ring
@@ -464,30 +463,4 @@ _VARIANT_NOTES = {
 }
 entry_points.add_variants(Communicator, CATALOGUE, _VARIANT_NOTES)
 
-
-# ---- mpi4py's uppercase methods: forwards to the communicator's BufferAPI ----
-
-
-def _uppercase(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Communicator's method of `function`'s name, signature and docstring (a method of BufferAPI),
-    which calls it on the communicator's `_buffers`. A blocking call of COMMON_FORMS first has C
-    read its specs (native.dropin_call) and runs what it reads at once, with no other Python call
-    on the way; only what C leaves goes to BufferAPI's parse."""
-    name = function.__name__
-    if name not in COMMON_FORMS or COMMON_CALL is None:
-        return entry_points.forward(Communicator, function, "_buffers", __name__)
-    parameters = entry_points.parameters_of(function)
-    given = {p.name for p in parameters}
-    send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
-    read = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
-                      "root" if "root" in given else "None", "self.rank", "self.size"))
-    body = (f"call = common_call({read})\n    if call is None:\n"
-            f"        return self._buffers.{name}({entry_points.arguments_of(parameters)})\n    self._blocking(*call)")
-    return entry_points.method(Communicator, name, parameters, body, function.__doc__ or "", "None", __name__,
-                               {"common_call": COMMON_CALL})
-
-
-for _name, _function in vars(BufferAPI).items():
-    if _name[:1].isupper():
-        setattr(Communicator, _name, _uppercase(_function))
-del _name, _function
+add_uppercase(Communicator)  # mpi4py's uppercase methods: forwards to the communicator's BufferAPI
