@@ -93,7 +93,7 @@ class Communicator:
         self._ring.describe = identity.describe
         self._ring.read_settings(cores_for_all)
         if surviving:
-            self._start_watching()
+            survival.watch(self._ring)
         builders = {name: getattr(self, "_" + name) for name in CATALOGUE}  # _allreduce and the like, below
         self._engine = Engine(self._ring, consistency.make_checker(self._ring, check, timeout), timeout, builders)
         # what the methods call: the engine's `run`, held here too so that a call finds it in one look-up
@@ -110,13 +110,6 @@ class Communicator:
         self._engine.timeout = math.inf if seconds is None and self._ring.liveness is not None else seconds
 
     # ---- surviving a lost rank (docs/lost-rank.md; the work is mpiring.survival's) ----
-
-    def _start_watching(self) -> None:
-        """Connect to every peer (collective) and watch them: a loss takes every later call off the
-        fast paths, so that each one raises RankLostError."""
-        ring = self._ring
-        ring.liveness = survival.Liveness(ring.comm)
-        ring.liveness.on_failure.append(lambda: setattr(ring, "served", None))
 
     @property
     def survives(self) -> bool:

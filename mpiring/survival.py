@@ -456,6 +456,13 @@ atexit.register(_at_exit)
 _SHRINK_TAG = 7000
 
 
+def watch(ring: Any) -> None:
+    """Connect to every peer of `ring` (collective) and watch them (Communicator with survival):
+    a loss takes every later call off the fast paths, so that each one raises RankLostError."""
+    ring.liveness = Liveness(ring.comm)
+    ring.liveness.on_failure.append(lambda: setattr(ring, "served", None))
+
+
 def lost(liveness: Liveness | None) -> list[int]:
     """Communicator.lost: the ranks known lost, sorted (none without survival)."""
     return [] if liveness is None else sorted(liveness.lost)
