@@ -317,14 +317,12 @@ class _Watch:
             return
         self.next = now + _LOOK_SECONDS
         found = foreign_message(self.ring, self.step, self.call)
-        status = self.ring.probed
-        if found is None and self.notice is not None and self.ring.notice_comm.Iprobe(MPI.ANY_SOURCE, self.notice,
-                                                                                        status):
+        status, notices = self.ring.probed, self.ring.notice_comm
+        if found is None and self.notice is not None and notices.Iprobe(MPI.ANY_SOURCE, self.notice, status):
             found = self.seen = (status.Get_source(), self.notice)  # that peer left this call: no second look
         if found is not None and found == self.seen:
             source, tag = found
-            if tag == self.notice and self.ring.notice_comm.Iprobe(source, tag, status) and \
-                    status.Get_count(MPI.BYTE) == 8:
+            if tag == self.notice and notices.Iprobe(source, tag, status) and status.Get_count(MPI.BYTE) == 8:
                 self._peer_timed_out(source, tag)  # returns where nothing is outstanding
             cancel_receives(self.step)  # as a timeout does: nothing lands in the call's arrays later
             raise mismatch(self.ring, self.call, *found)
