@@ -113,7 +113,7 @@ static PyObject *packed(PyObject *spec, Py_ssize_t size, Py_ssize_t *counts, Py_
         return NULL;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
-        if (at != NULL && displs[i] != total)
+        if ((at != NULL && displs[i] != total) || counts[i] > PY_SSIZE_T_MAX - total) /* (no buffer holds that) */
             return NULL;
         total += counts[i];
     }
