@@ -8,8 +8,9 @@ time per call after loops of 100, 1,000 and 10,000 calls.
 In such a loop the root only sends, so it can run ahead of the others by as many calls as MPI
 lets it; the messages wait in the receivers' queue of unexpected messages. A receiver ends each
 call of a recorded schedule with one MPI_Iprobe for a peer's notice (docs/engine.md, "Notices"),
-and how long that takes can grow with that queue. `--no-notice-probe` records the schedules
-without it, to show its share: a run without the check is not safe to use otherwise.
+on the notices' own communicator, so that the probe never walks that queue. `--no-notice-probe`
+records the schedules without it, to show its share: a run without the check is not safe to use
+otherwise.
 """
 
 from __future__ import annotations
