@@ -36,7 +36,8 @@ from mpiring.algorithms import ALGORITHMS
 from mpiring.engine import native
 from mpiring.engine.cache import ENTRIES_KEPT
 from mpiring.engine.engine import Engine
-from mpiring.engine.plan import START, WORK, Plan
+from mpiring.engine.plan import Plan
+from mpiring.engine.recording import POST, WORK
 from mpiring.engine.schedule import Schedule
 from mpiring.engine.waiting import YIELD_SECONDS
 
@@ -234,7 +235,7 @@ def _assert_device_plan(plan, backend):
     assert plan is not None
     ready = backend.ready_for_mpi
     for index, (kind, _) in enumerate(plan.actions):
-        if kind == START and not backend.staged:
+        if kind == POST and not backend.staged:
             assert index > 0 and plan.actions[index - 1] == (WORK, ready), f"{plan.call.collective}: unsynchronized"
     for kind, work in plan.actions:
         if kind == WORK and work != ready:
@@ -264,14 +265,14 @@ def test_device_replays_match_the_oracle(device_comm, algorithm):
             if backend.staged:  # the plans own their pinned blocks: nothing allocated
                 assert len(backend.engine.pinned_blocks) == pinned
             else:  # every step of every plan synchronized first
-                starts = sum(kind == START for plan in comm._engine.cache.table.values() if type(plan) is Plan
+                starts = sum(kind == POST for plan in comm._engine.cache.table.values() if type(plan) is Plan
                              for kind, _ in plan.actions)
                 assert backend.engine.syncs - syncs == starts
     plans = [plan for plan in comm._engine.cache.table.values() if type(plan) is Plan]
     assert len(plans) == len(runs)  # every collective, device arrays and counts given: all planned
     for plan in plans:
         _assert_device_plan(plan, backend)
-        fresh_sends = any(step.fresh_sends for kind, step in plan.actions if kind == START)
+        fresh_sends = any(step.fresh_sends for kind, step in plan.actions if kind == POST)
         if not (fresh_sends and not backend.staged):  # new sends of device memory stay with mpi4py
             _assert_replays_in(comm, plan)
     if comm.replay == "python" and backend.staged:

@@ -10,8 +10,10 @@
 - `scratch`: the pool of large temporary buffers, reused across calls.
 - `waiting`: how every wait behaves (timeouts, the watch for another call's messages, notices),
   and the waits of unrecorded calls (docs/engine.md, "Where a call waits").
-- `schedule`: a blocking host call recorded once per layout, bound to each call's arrays.
-- `plan`: a device call recorded once, bound to its arrays for life (persistent requests on the
+- `recording`: the one recording type: a call's steps recorded once (`Recorder`, `fuse`) as
+  exchanges, replayed by `run`; what a call seen once leaves (`SeenOnce`).
+- `schedule`: its binding by layout: a blocking host call, bound to each call's arrays.
+- `plan`: its binding for life: a device call, bound to its arrays (persistent requests on the
   real buffers, the arithmetic with its functions resolved).
 - `cache`: the per-communicator cache of schedules and plans.
 - `native`: the Python binding to the C replay (`replay_c/`): schedules and plans run as plain

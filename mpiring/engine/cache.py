@@ -22,23 +22,6 @@ ENTRIES_KEPT = 64
 ENTRY_BYTES_KEPT = 256 << 20
 
 
-class Seen:
-    """A schedule's layout seen once: the next call of that layout records it (unless recording
-    it failed once: `recordable` False, and it runs unrecorded without trying again)."""
-
-    __slots__ = ("used", "recordable", "changes")
-    allocated = 0
-    pinned = 0
-
-    def __init__(self, changes: int = 0) -> None:
-        self.used = 0
-        self.recordable = True
-        self.changes = changes  # layouts its key's schedules have seen change (Schedule.after_change)
-
-    def free(self) -> None:
-        pass
-
-
 class Cache:
     """A communicator's schedules, plans and sightings, least recently used evicted first.
 

@@ -38,13 +38,14 @@ from mpiring import identity
 from mpiring.backend import NUMPY, backend_for
 from mpiring.catalogue import CATALOGUE, SAME_SIZE_EVERYWHERE
 from mpiring.engine import native
-from mpiring.engine.cache import Cache, Seen
+from mpiring.engine.cache import Cache
 from mpiring.engine.farewell import say_farewell
-from mpiring.engine.plan import Plan, Sighting, build_plan
+from mpiring.engine.plan import Plan, build_plan
+from mpiring.engine.recording import SeenOnce, Unschedulable
 from mpiring.engine.requests import CollectiveRequest, PersistentRequest
 from mpiring.engine.ring import Ring
 from mpiring.engine.run import resume_recorded, run_recorded, run_to_end
-from mpiring.engine.schedule import Schedule, Unschedulable, bindable, build_schedule, layout_key
+from mpiring.engine.schedule import Schedule, bindable, build_schedule, layout_key
 from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
 from mpiring.errors import (
@@ -308,8 +309,8 @@ class Engine:
         if key is None or not (built.plannable or built.exchanging):
             return run_to_end(ring, built.body(built.backend), call)
         if known is None:  # seen once: recorded the next time
-            self.cache.add(key, Seen(), ring.calls)
-        if not (known.__class__ is Seen and known.recordable and bindable(x, out)):
+            self.cache.add(key, SeenOnce(), ring.calls)
+        if not (known.__class__ is SeenOnce and known.recordable and bindable(x, out)):
             return run_to_end(ring, built.body(built.backend), call)
         if built.exchanging:  # run it, seeing its layout round's table, then record it
             return self._run_and_record(key, known, built, x, out)
@@ -321,7 +322,7 @@ class Engine:
         self._keep(key, schedule, known)
         return self._run_schedule(schedule, x, out, call.timeout)
 
-    def _run_and_record(self, key: tuple, known: Seen, built: Built, x: Any, out: Any) -> Any:
+    def _run_and_record(self, key: tuple, known: SeenOnce, built: Built, x: Any, out: Any) -> Any:
         """A call with a layout round, run unrecorded while the table its round brings is kept
         (Ring.after_layout); then recorded for that table (schedule.build_schedule)."""
         ring, call = self.ring, built.call
@@ -340,15 +341,15 @@ class Engine:
             self._keep(key, schedule, known)
         return result
 
-    def _keep(self, key: tuple, schedule: Schedule, seen: Seen) -> None:
+    def _keep(self, key: tuple, schedule: Schedule, seen: SeenOnce) -> None:
         schedule.key, schedule.changes = key, seen.changes
         self.cache.add(key, schedule, self.ring.calls)
 
     def _forget(self, schedule: Schedule) -> None:
         """A schedule gone stale (its layout round brought another layout: Schedule.after_change)
-        gives way to a Seen, so the next call of its key records the layout now in use."""
+        gives way to a SeenOnce, so the next call of its key records the layout now in use."""
         if self.cache.table.get(schedule.key) is schedule:
-            self.cache.add(schedule.key, Seen(schedule.changes), self.ring.calls)
+            self.cache.add(schedule.key, SeenOnce(schedule.changes), self.ring.calls)
 
     def _record(self, call: Call, built: Built, x: Any, out: Any, seen: Any = None) -> Schedule:
         """Record `built` as a schedule (`seen`: the table its layout round brought); where it
@@ -364,10 +365,8 @@ class Engine:
         return schedule
 
     def _run_schedule(self, schedule: Schedule, x: Any, out: Any, timeout: float | None) -> Any:
-        schedule.count_run()
-        schedule.number(self.hot.calls)
+        schedule.bind(x, out, self.hot.calls)
         self.ring.received += schedule.receives
-        schedule.bind(x, out)
         result = run_recorded(self.ring, schedule, timeout)  # raising, it stays bound: MPI may still use them
         schedule.unbind()
         return result
@@ -409,7 +408,7 @@ class Engine:
                     self.cache.add(key, plan, ring.calls)
                     result = run_recorded(ring, plan, call.timeout)
                 else:
-                    self.cache.add(key, Sighting(x, out), ring.calls)
+                    self.cache.add(key, SeenOnce(x=x, out=out), ring.calls)
                     result = run_to_end(ring, built.body(built.backend), call)
             else:
                 result = run_to_end(ring, built.body(built.backend), call)

@@ -194,31 +194,41 @@ def _same_or_apart(a: np.ndarray, b: np.ndarray) -> bool:
     return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] or not np.shares_memory(a, b)
 
 
-def work_in_python(roots: tuple, spec: tuple) -> None:
-    """A work spec's arithmetic in NumPy, on the arrays the roots stand for (the Python replay)."""
+def python_form(spec: tuple) -> tuple:
+    """A work spec as the Python replay runs it, decoded once: (kind, ufunc, dtype, out, a, b,
+    divisor, expected), each operand (root, byte slice) in the roots' byte views."""
     kind, op_code, dtype_code, out_ref, a_ref, b_ref, n, divisor = spec[:8]
     if kind == WORK_EXPECT:
-        if _bytes(roots, out_ref, n).tobytes() != spec[8]:
-            raise LayoutChanged
-        return
+        return kind, None, None, _span(out_ref, n), None, None, 0, spec[8]
     if kind == WORK_COPY:
-        _bytes(roots, out_ref, n)[:] = _bytes(roots, a_ref, n)
-        return
+        return kind, None, None, _span(out_ref, n), _span(a_ref, n), None, 0, None
     dtype = _DTYPES[dtype_code]
-    out, a = _typed(roots, out_ref, n, dtype), _typed(roots, a_ref, n, dtype)
+    nbytes = n * dtype.itemsize
     if kind == WORK_DIVIDE:
-        np.true_divide(a, divisor, out=out)
-    else:
-        getattr(np, UFUNC_NAMES[_OP_NAMES[op_code]])(a, _typed(roots, b_ref, n, dtype), out=out)
+        return kind, np.true_divide, dtype, _span(out_ref, nbytes), _span(a_ref, nbytes), None, divisor, None
+    ufunc = getattr(np, UFUNC_NAMES[_OP_NAMES[op_code]])
+    return kind, ufunc, dtype, _span(out_ref, nbytes), _span(a_ref, nbytes), _span(b_ref, nbytes), 0, None
 
 
-def _bytes(roots: tuple, ref: tuple[int, int], nbytes: int) -> np.ndarray:
+def _span(ref: tuple[int, int], nbytes: int) -> tuple[int, slice]:
     root, offset = ref
-    return roots[root].reshape(-1).view(np.uint8)[offset:offset + nbytes]
+    return root, slice(offset, offset + nbytes)
 
 
-def _typed(roots: tuple, ref: tuple[int, int], count: int, dtype: np.dtype) -> np.ndarray:
-    return _bytes(roots, ref, count * dtype.itemsize).view(dtype)
+def work_in_python(byte_roots: list, form: tuple) -> None:
+    """A work spec's arithmetic in NumPy (its `python_form`), on byte views of the arrays the
+    roots stand for: what the C replay does, in the Python replay."""
+    kind, ufunc, dtype, (out_root, out_bytes), a, b, divisor, expected = form
+    if kind == WORK_COPY:
+        byte_roots[out_root][out_bytes] = byte_roots[a[0]][a[1]]
+    elif kind == WORK_EXPECT:
+        if byte_roots[out_root][out_bytes].tobytes() != expected:
+            raise LayoutChanged
+    elif kind == WORK_DIVIDE:
+        ufunc(byte_roots[a[0]][a[1]].view(dtype), divisor, out=byte_roots[out_root][out_bytes].view(dtype))
+    else:
+        ufunc(byte_roots[a[0]][a[1]].view(dtype), byte_roots[b[0]][b[1]].view(dtype),
+              out=byte_roots[out_root][out_bytes].view(dtype))
 
 
 # ---- programs ----
@@ -261,7 +271,8 @@ def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool
         return None
     size = MPI._sizeof(MPI.Request)
     specs, comms = [], set()
-    for step, requests, _, _, after, during in exchanges:
+    for exchange in exchanges:
+        step, requests = exchange.step, exchange.step.requests
         checks = tuple((index, expected) for index, expected, _ in step.receives)
         if any(expected > _INT_MAX for _, expected in checks):
             return None
@@ -274,8 +285,8 @@ def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool
             comms.add(MPI._handleof(comm))
         persistent = requests[: len(requests) - len(fresh)]
         handles = b"".join(ctypes.string_at(MPI._addressof(request), size) for request in persistent)
-        specs.append((handles, requests, _status_addresses(step), checks, tuple(after), tuple(fresh),
-                      tuple(during)))
+        specs.append((handles, requests, _status_addresses(step), checks, exchange.after, tuple(fresh),
+                      exchange.during))
     if len(comms) > 1:
         return None
     return _replay.Program(tuple(prologue), tuple(specs), comms.pop() if comms else 0, busy, 0, (0, 0), (), 0, 0,

@@ -22,7 +22,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring.engine import native
-from mpiring.engine.plan import START, WAIT
+from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Steps, mpi_error
 from mpiring.engine.waiting import YIELD_SECONDS, as_loss, checked_sizes, no_notice, poll, wait_step
@@ -71,7 +71,7 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
         if recorded.length is None:  # a plan whose steps overlap
             call.step = 0
             for kind, item in recorded.actions:
-                if kind == START:
+                if kind == POST:
                     item.start()
                 elif kind == WAIT:
                     wait_step(ring, item, call)
@@ -149,13 +149,16 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
     already spent on exchange `first`); then the size checks and the work after it."""
     call = recorded.call
     timeout = call.timeout
-    for index in range(first, recorded.length):
-        step = recorded.step(index)
+    exchanges, post, do = recorded.exchanges, recorded.start_messages, recorded.do
+    for index in range(first, len(exchanges)):
+        exchange = exchanges[index]
+        step = exchange.step
         requests, statuses = step.requests, step.statuses
         call.step = index
         try:
             if index > first or not started:
-                recorded.start(index)
+                post(index)  # recorded.start, inline: its messages, then its work in flight
+                do(exchange.during_in_python)
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -165,7 +168,7 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
         for position, expected, _ in step.receives:
             if statuses[position].Get_count(_BYTE) != expected:
                 checked_sizes(ring, step, statuses, call)  # raises, naming the sender
-        recorded.finish(index)
+        do(exchange.after_in_python)  # recorded.finish, inline
 
 
 def _exchanges_advancing_others(ring: Ring, recorded: Any) -> None:

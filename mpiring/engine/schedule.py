@@ -1,5 +1,5 @@
-"""Schedules: what a blocking host call does, recorded once per layout and bound to each call's
-arrays when it runs.
+"""Schedules: a recording (mpiring.engine.recording) bound by layout: what a blocking host call
+does, recorded once per layout and bound to each call's arrays when it runs.
 
     building (once per layout)                         running (every call, in C or in Python)
     the collective's generator, with a recorder:
@@ -17,9 +17,10 @@ of the recorded size, and x and out apart or the same).
 
 A schedule is a sequence of exchanges: post a step's messages (receives first), do the copies
 that may run while they fly, wait for them, check the bytes received, do the arithmetic. The
-C replay (mpiring.engine.native, replay_c/run.c) and the Python one here (mpiring.engine.run drives
-it) are the same loop; where the C replay stops (a long wait, a wrong size, an MPI error) this
-one carries on.
+C replay (mpiring.engine.native, replay_c/run.c) and the Python one (mpiring.engine.run drives
+it; here its messages are posted on the bound arrays at (bytes, offset), and its work runs from
+specs decoded once, native.python_form) are the same loop; where the C replay stops (a long
+wait, a wrong size, an MPI error) the Python one carries on.
 
 Building sends no message: a schedule only records calls whose layout every rank knows alone, so
 one rank may replay while another builds, and they still agree on every message.
@@ -36,9 +37,10 @@ from mpi4py import MPI
 
 from mpiring.backend import NUMPY
 from mpiring.engine import native
+from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
-from mpiring.engine.transport import Call, Step, Traffic, without_posted
-from mpiring.ops import AVG, UFUNC_NAMES
+from mpiring.engine.transport import Call, Step, Traffic
+from mpiring.ops import UFUNC_NAMES
 
 ROOT_X, ROOT_OUT = 0, 1
 RESULT_NONE, RESULT_OUT, RESULT_X = 0, 1, 2
@@ -53,11 +55,6 @@ def layout_key(collective: str, x: Any, out: Any, op: Any, root: Any, counts: An
             None if x is None else x.dtype, None if x is None else x.shape,
             None if out is None else out.dtype, None if out is None else out.shape,
             x is out and x is not None)
-
-
-class Unschedulable(Exception):
-    """The call cannot be a schedule (its steps overlap, or it touches memory outside its roots):
-    it runs through its generator every time."""
 
 
 def _extent(a: numpy.ndarray) -> tuple[int, int]:
@@ -98,23 +95,13 @@ class _Roots:
 
 
 class _Message:
-    __slots__ = ("index", "receive", "array", "nbytes", "peer", "tag", "ref")
+    __slots__ = ("index", "receive", "array", "nbytes", "peer", "tag", "ref", "span")
 
     def __init__(self, index: int, receive: bool, array: Any, peer: int, tag: int) -> None:
         self.index, self.receive, self.array, self.peer, self.tag = index, receive, array, peer, tag
         self.nbytes = array.nbytes
         self.ref: Ref = _NOWHERE
-
-
-class _Work:
-    """A recorded copy (out <- a), reduction (out <- a op b), avg's division (out <- a / divisor),
-    or the check that a layout is the one recorded (`expected`, the bytes of arrays[0])."""
-
-    __slots__ = ("kind", "op", "arrays", "divisor", "expected")
-
-    def __init__(self, kind: str, op: str | None, arrays: tuple, divisor: int = 0, expected: bytes = b"") -> None:
-        self.kind, self.op, self.arrays, self.divisor = kind, op, arrays, divisor  # arrays: (out, a[, b])
-        self.expected = expected
+        self.span = (0, 0)  # (bytes, byte offset) in its root: how the Python replay names its buffer to MPI
 
 
 class _LayoutPoint(Exception):
@@ -125,20 +112,16 @@ class _LayoutPoint(Exception):
         self.table, self.finish = table, finish
 
 
-class Recorder:
-    """Stands in for the transport while a schedule is recorded (Ring.recorder)."""
+class _ByLayout:
+    """How a schedule's recorder makes a step: its messages named by the buffers they will be
+    posted at (root and offset, once recorded); the call's own buffers become roots."""
 
-    def __init__(self, ring: Ring, roots: _Roots) -> None:
-        self.ring = ring
+    def __init__(self, roots: _Roots) -> None:
         self.roots = roots
-        self.actions: list[tuple[str, Any]] = []  # ("post", (step, messages)), ("wait", step), ("work", _Work)
-        self.traffic = Traffic()
-        self.unwaited: list[Step] = []
 
-    def post(self, backend: Any, tag: int, sends: Any, receives: Any, traffic: Traffic | None = None) -> Step:
+    def post(self, recorder: Recorder, backend: Any, tag: int, sends: Any, receives: Any, counted: Traffic) -> Step:
         if getattr(backend, "on_device", False) or getattr(backend, "staged", False):
             raise Unschedulable("device buffers")
-        counted = self.traffic if traffic is None else traffic
         step, messages = Step(), []
         for buf, source in receives:
             messages.append(_Message(len(step.requests), True, buf, source, tag))
@@ -154,53 +137,13 @@ class Recorder:
             counted.messages += 1
         if step.receives:
             step.statuses = [MPI.Status() for _ in step.requests]
-        self.unwaited.append(step)
-        self.actions.append(("post", (step, messages)))
-        return step
-
-    def wait(self, step: Step) -> None:
-        self.unwaited = without_posted(self.unwaited, step, "schedule")
-        self.actions.append(("wait", step))
-
-    def work(self, work: _Work) -> None:
-        self.actions.append(("work", work))
+        return recorder.posted(step, tuple(messages))
 
     def own(self, array: numpy.ndarray) -> None:
-        """A buffer of the call's own (Ring.metadata): a root of the schedule."""
         self.roots.own(array)
 
     def layout_known(self, table: numpy.ndarray, finish: Callable[..., Any]) -> None:
         raise _LayoutPoint(table, finish)
-
-
-class RecordingHost:
-    """The NumPy backend as a schedule being recorded sees it: allocations become the schedule's
-    own roots; copies and arithmetic are recorded, to run on every call."""
-
-    name, xp, staged, on_device, plannable = NUMPY.name, numpy, False, False, True
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-        self.allocated = 0
-
-    def __getattr__(self, name: str) -> Any:  # is_array, flat, may_share_memory, send/receive messages...
-        return getattr(NUMPY, name)
-
-    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
-        array = numpy.empty(shape, dtype)  # plain pages: a schedule's own buffers live as long as it does
-        self._recorder.roots.own(array)
-        self.allocated += array.nbytes
-        return array
-
-    def combine(self, op: str, a: Any, b: Any, out: Any) -> None:
-        self._recorder.work(_Work("op", op, (out, a, b)))
-
-    def finish(self, op: str, buf: Any, world_size: int) -> None:
-        if op == AVG and buf.size:
-            self._recorder.work(_Work("divide", None, (buf, buf), world_size))
-
-    def copy(self, dst: Any, src: Any) -> None:
-        self._recorder.work(_Work("copy", None, (dst, src)))
 
 
 class _Layout:
@@ -214,35 +157,21 @@ class _Layout:
         self.table, self.finish, self.tag, self.algorithm = table, finish, tag, algorithm
 
 
-class _Exchange:
-    """One exchange: its step (requests, statuses and peers for the waits), its messages, the
-    copies done while they fly and the work once they have arrived."""
-
-    __slots__ = ("step", "messages", "during", "after")
-
-    def __init__(self, step: Step, messages: list[_Message], during: tuple, after: tuple) -> None:
-        self.step, self.messages, self.during, self.after = step, messages, during, after
-
-
-class Schedule:
-    """A recorded call of one layout, bound to each call's arrays when it runs (module docstring)."""
+class Schedule(Recording):
+    """A recording bound by layout: to each call's arrays when it runs (module docstring)."""
 
     layout_keyed = True  # the cache mirrors its C form for the Shortcut (mpiring.engine.cache)
 
-    def __init__(self, ring: Ring, call: Call, recorder: Recorder, host: RecordingHost, x: Any, out: Any,
+    def __init__(self, ring: Ring, call: Call, recorder: Recorder, roots: _Roots, x: Any, out: Any,
                  result: Any, layout: _Layout | None = None) -> None:
-        self.call = call
+        super().__init__(call, recorder.traffic, recorder.allocated)
         self.layout = layout  # a call with a layout round: what finishes it for another layout
         self.key: tuple | None = None  # its key in the cache (Communicator)
         self.changes = 0  # layouts its key's schedules have seen change (after_change)
         self.stale = False  # a layout round brought another layout: the key records anew
         self._changed_at = 0  # `runs` when its layout last changed
         self.comm, self.notice_comm = ring.comm, ring.notice_comm
-        self.traffic = recorder.traffic
-        self.allocated = host.allocated
-        self.pinned = 0  # users that replay its messages themselves (the cache never evicts it then)
         self._used = self._runs = 0
-        roots = recorder.roots
         # what a run returns; and for a call without out=, what makes its result
         self.result_kind, self.allocate = self._result_of(roots, x, out, result)
         self.x_bytes = 0 if x is None else x.nbytes
@@ -253,24 +182,21 @@ class Schedule:
         self.items = (0 if x is None else x.size, roots.arrays[ROOT_OUT].size if self.allocate is not None
                       else 0 if out is None else out.size)
         self.owned = tuple(roots.arrays[2:])
-        prologue, exchanges = _fuse(recorder.actions)
+        prologue, exchanges = fuse(recorder)
         for exchange in exchanges:
             for message in exchange.messages:
                 message.ref = roots.ref(message.array)
+                message.span = (message.nbytes, message.ref[1])
                 message.tag -= call.tag
                 message.array = None  # bound per call from here on
-        self.prologue_works = self._works_of(prologue, roots)
-        self.exchanges = tuple(exchanges)
-        for exchange in self.exchanges:
             exchange.during = self._works_of(exchange.during, roots)
             exchange.after = self._works_of(exchange.after, roots)
+        self._exchanges_from(self._works_of(prologue, roots), exchanges, _in_python)
         self.x = self.out = None  # the arrays bound now (the Python replay's; the C one keeps its own)
         self.tags = ring.tags
         # how each call's number goes into its blocking tag and its notice's (a persistent
         # request's own tag carries none: only its notice does)
         self.sequence = ring.tags.numbering(ring.blocking_tag(0, numbered=False))
-        # whether a run receives anything: only then can it have taken a peer's abandoned data
-        self.receives = any(exchange.step.receives for exchange in self.exchanges)
         notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
         self._bytes: list[numpy.ndarray | None] = [None, None,
@@ -299,6 +225,8 @@ class Schedule:
         bound arrays for what only NumPy does exactly. Work on empty arrays does nothing: dropped."""
         done = []
         for work in works:
+            if type(work) is not Work:
+                raise Unschedulable("work a backend recorded as a call")
             if work.kind == "expect":
                 done.append(native.expect_spec(roots.ref(work.arrays[0]), work.expected))
                 continue
@@ -330,15 +258,9 @@ class Schedule:
         """Blocking calls that ran it (in C or in Python)."""
         return self._runs + (self.compiled.runs if self.compiled is not None else 0)
 
-    def count_run(self) -> None:
-        self._runs += 1
-
     def free(self) -> None:
-        """Let its buffers go (it must not be running)."""
-        if self.compiled is not None:
-            self.compiled.release()
-            self.compiled = None
-        self.exchanges, self.prologue_works, self._bytes = (), (), []
+        super().free()
+        self._bytes = []
 
     # ---- binding ----
 
@@ -348,19 +270,20 @@ class Schedule:
         return ((x is None or x.nbytes == self.x_bytes) and (out is None or out.nbytes == self.out_bytes)
                 and bindable(x, out))
 
-    def number(self, calls: int) -> None:
-        """Take the tag of the call numbered `calls` (a blocking call's tag carries its number)."""
-        self.call.tag = self.tags.with_sequence(self.call.tag, calls)
-        if self.compiled is not None:
-            self.compiled.tag = self.call.tag
-
-    def bind(self, x: Any, out: Any) -> None:
-        """Bind a call's arrays (checked by `fits`): out is made here when the call gives none."""
+    def bind(self, x: Any, out: Any, calls: int | None = None) -> None:
+        """Bind a call's arrays (checked by `fits`): out is made here when the call gives none.
+        With `calls`, a blocking run numbered so: its tag carries the number, and it counts as a run."""
         if out is None and self.allocate is not None:
             out = self.allocate()
         self.x, self.out = x, out
-        if self.compiled is not None:  # (it reads their addresses itself)
-            self.compiled.bind(x, out, None, None)
+        program = self.compiled
+        if calls is not None:
+            self._runs += 1
+            tag = self.call.tag = self.tags.with_sequence(self.call.tag, calls)
+            if program is not None:
+                program.tag = tag
+        if program is not None:  # (it reads their addresses itself)
+            program.bind(x, out, None, None)
         else:  # the Python replay posts its messages on byte views of them
             self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
             self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
@@ -407,22 +330,11 @@ class Schedule:
 
     # ---- the Python replay (run.run_exchanges drives it; replay_c/run.c does the same) ----
 
-    @property
-    def length(self) -> int:
-        return len(self.exchanges)
-
-    def step(self, index: int) -> Step:
-        return self.exchanges[index].step
-
-    def prologue(self) -> None:
-        for work in self.prologue_works:
-            _do(self, work)
-
-    def start(self, index: int) -> None:
-        """Post exchange `index`'s messages at the bound buffers, then do its copies in flight."""
-        self.start_messages(index)
-        for work in self.exchanges[index].during:
-            _do(self, work)
+    def byte_roots(self) -> list:
+        if self.compiled is None:
+            return self._bytes
+        # a C replay handed back: it bound x and out itself
+        return [None if a is None else _as_bytes(a) for a in self.bound_roots()[:2]] + self._bytes[2:]
 
     def start_messages(self, index: int) -> None:
         program = self.compiled
@@ -432,9 +344,9 @@ class Schedule:
         exchange = self.exchanges[index]
         requests, comm, tag, roots = exchange.step.requests, self.comm, self.call.tag, self._bytes
         for m in exchange.messages:
-            root, offset = m.ref
-            buf = _EMPTY if root < 0 else roots[root][offset:offset + m.nbytes]
-            requests[m.index] = (comm.Irecv if m.receive else comm.Isend)([buf, MPI.BYTE], m.peer, tag + m.tag)
+            root = m.ref[0]
+            buf = _EMPTY if root < 0 else roots[root]
+            requests[m.index] = (comm.Irecv if m.receive else comm.Isend)([buf, m.span, _BYTE], m.peer, tag + m.tag)
 
     def messages_only(self, x: Any, out: Any) -> Any:
         """Its messages alone, compiled and bound to these arrays (requests.MessagesOnly); None in Python."""
@@ -444,17 +356,12 @@ class Schedule:
                 out = self.allocate()
             program.bind(x, out, None, None)
         else:  # numbered as call 0, as the C form is (native.program)
-            self.bind(x, out)
-            self.number(0)
+            self.bind(x, out, 0)
         return program
-
-    def finish(self, index: int) -> None:
-        """The work once exchange `index` has arrived (its sizes checked)."""
-        for work in self.exchanges[index].after:
-            _do(self, work)
 
 
 _EMPTY = numpy.empty(0, numpy.uint8)
+_BYTE = MPI.BYTE
 
 
 # How often in a row a key's layout may change within STABLE_RUNS calls of being recorded before
@@ -486,12 +393,9 @@ def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray
     return partial(numpy.empty, shape, dtype)
 
 
-def _do(schedule: Schedule, work: Any) -> None:
-    """Work in the Python replay: the C spec's arithmetic in NumPy, or the recorded call."""
-    if callable(work):
-        work()
-    else:
-        native.work_in_python(schedule.bound_roots(), work)
+def _in_python(work: Any) -> Any:
+    """Recorded work as the Python replay runs it: a C spec decoded once (native.python_form), or the call."""
+    return work if callable(work) else native.python_form(work)
 
 
 def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, divisor: int) -> None:
@@ -507,35 +411,6 @@ def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, 
         getattr(numpy, UFUNC_NAMES[op])(arrays[1], arrays[2], out=arrays[0])
 
 
-def _fuse(actions: list[tuple[str, Any]]) -> tuple[list[_Work], list[_Exchange]]:
-    """The recorded actions as prologue work, then exchanges (post a step, copies in flight,
-    wait for it, work after it). Steps posted before the previous one was waited for (the
-    pipelined algorithms), or anything but copies in flight, cannot be a schedule."""
-    prologue, i = _works_from(actions, 0)
-    exchanges = []
-    while i < len(actions):
-        kind, item = actions[i]
-        if kind != "post":
-            raise Unschedulable("a step waited for out of order")
-        step, messages = item
-        during, i = _works_from(actions, i + 1)
-        if not (i < len(actions) and actions[i][0] == "wait" and actions[i][1] is step):
-            raise Unschedulable("steps that overlap")
-        if any(work.kind != "copy" for work in during):
-            raise Unschedulable("arithmetic while messages are in flight")
-        after, i = _works_from(actions, i + 1)
-        exchanges.append(_Exchange(step, messages, tuple(during), tuple(after)))
-    return prologue, exchanges
-
-
-def _works_from(actions: list[tuple[str, Any]], i: int) -> tuple[list[_Work], int]:
-    works = []
-    while i < len(actions) and actions[i][0] == "work":
-        works.append(actions[i][1])
-        i += 1
-    return works, i
-
-
 def build_schedule(ring: Ring, call: Call, body: Callable[[Any], Any], x: Any, out: Any,
                    seen: tuple[numpy.ndarray, Any] | None = None) -> Schedule:
     """Record the steps `body` takes for `call` on these arrays (no message moves); raises
@@ -545,37 +420,24 @@ def build_schedule(ring: Ring, call: Call, body: Callable[[Any], Any], x: Any, o
     is recorded in two parts: the round, until its table; then a check that a replay's table is
     that one, and the rest of the call for it."""
     roots = _Roots(x, out)
-    recorder = Recorder(ring, roots)
-    host = RecordingHost(recorder)
+    recorder = Recorder(ring, _ByLayout(roots))
+    # the schedule's own buffers: plain pages, which live as long as it does
+    host = RecordingBackend(NUMPY, recorder, numpy.empty)
     tag, algorithm = call.tag, call.algorithm
     layout = None
     ring.recorder = recorder
     try:
         try:
-            result = _drive(recorder, body(host))
+            result = drive(recorder, body(host))
         except _LayoutPoint as point:
             if seen is None:
                 raise Unschedulable("a layout round in a call without its layout") from None
             table, finish = point.table, point.finish
             table[:] = seen[0]
-            recorder.work(_Work("expect", None, (table,), expected=table.tobytes()))
+            recorder.work(Work("expect", None, (table,), expected=table.tobytes()))
             layout = _Layout(table, finish, tag, algorithm)
-            result = _drive(recorder, finish(ring, host, call, x, out, table))
+            result = drive(recorder, finish(ring, host, call, x, out, table))
     finally:
         ring.recorder = None
     call.step = 0
-    return Schedule(ring, call, recorder, host, x, out, result, layout)
-
-
-def _drive(recorder: Recorder, steps: Any) -> Any:
-    """Run a generator of steps against the recorder; its return value."""
-    try:
-        step = next(steps)
-        while True:
-            recorder.wait(step)
-            step = steps.send(None)
-    except StopIteration as finished:
-        result = finished.value
-    for step in recorder.unwaited:
-        recorder.wait(step)
-    return result
+    return Schedule(ring, call, recorder, roots, x, out, result, layout)
