@@ -276,6 +276,10 @@ class Engine:
             key, known = None, None
         received = ring.received
         try:
+            # A cached schedule runs only for the thread the ring serves while it is usable, checked
+            # on the way in (run_in_python); a call of the owner's that failed also empties the cache.
+            if known.__class__ is Schedule and known.fits(x, out):
+                return self._replay(known, collective, x, out, op, root, counts, timeout)
             result = self._host_call(key, known, collective, x, out, op, root, counts, algorithm, timeout)
             if ring.received != received:  # it took data: none may come from a call a peer left
                 no_notice(ring, collective, algorithm)
@@ -284,25 +288,31 @@ class Engine:
             self._blocking_failed(error)
             raise
 
+    def _replay(self, schedule: Schedule, collective: str, x: Any, out: Any, op: Any, root: Any, counts: Any,
+                timeout: Any) -> Any:
+        """A cached schedule's run on these arrays (`Schedule.fits` them): what the C Shortcut does."""
+        # the call count keeps the ranks' sequence numbers together, as a built call does, and
+        # dates the schedule's use (the least recently used is evicted first)
+        hot = self.hot
+        hot.calls = calls = schedule.used = hot.calls + 1
+        if hot.in_flight:
+            self._check_aliasing(collective, x, out)
+        if self.check is not None:
+            self.check.compare(schedule.call, *self.checked(collective, x, out, op, root, counts))
+        schedule.bind(x, out, calls)
+        # raising, it stays bound: MPI may still use the arrays
+        result = run_recorded(self.ring, schedule, hot.timeout if timeout is None else self.limit(collective, timeout))
+        schedule.unbind()
+        if schedule.notice >= 0:  # it took data: none may come from a call a peer left (no_notice)
+            schedule.no_notice(self.ring)
+        if schedule.stale:
+            self._forget(schedule)
+        return result
+
     def _host_call(self, key: tuple | None, known: Any, collective: str, x: Any, out: Any, op: Any, root: Any,
                    counts: Any, algorithm: Any, timeout: Any) -> Any:
+        """A host call with no schedule that fits: run unrecorded, or recorded and run."""
         ring = self.ring
-        # A cached schedule runs only for the thread the ring serves while it is usable, checked on
-        # the way in (run_in_python); a call of the owner's that failed also empties the cache.
-        if known.__class__ is Schedule and known.fits(x, out):
-            # the call count keeps the ranks' sequence numbers together, as a built call does,
-            # and dates the schedule's use (the least recently used is evicted first)
-            hot = self.hot
-            hot.calls = known.used = hot.calls + 1
-            if hot.in_flight:
-                self._check_aliasing(collective, x, out)
-            if self.check is not None:
-                self.check.compare(known.call, *self.checked(collective, x, out, op, root, counts))
-            result = self._run_schedule(known, x, out, hot.timeout if timeout is None else
-                                        self.limit(collective, timeout))
-            if known.stale:
-                self._forget(known)
-            return result
         built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
         call = built.call
         call.tag = ring.blocking_tag(built.identity())

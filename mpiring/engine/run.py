@@ -68,7 +68,7 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
     ring.traffic.add(recorded.traffic)  # count_traffic, inline
     program, stopped = recorded.compiled, None
     try:
-        if recorded.length is None:  # a plan whose steps overlap
+        if recorded.exchanges is None:  # a plan whose steps overlap
             call.step = 0
             for kind, item in recorded.actions:
                 if kind == POST:
@@ -122,7 +122,7 @@ def run_exchanges(ring: Ring, recorded: Any, first: int, started: bool) -> None:
         if stopped is not None:
             resume_exchanges(ring, recorded, stopped, spin)
         return
-    if first == 0 and not started:
+    if first == 0 and not started and recorded.prologue_in_python:
         recorded.prologue()
     _exchanges_in_python(ring, recorded, first, started, 0.0)
 
@@ -158,7 +158,8 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
         try:
             if index > first or not started:
                 post(index)  # recorded.start, inline: its messages, then its work in flight
-                do(exchange.during_in_python)
+                if exchange.during_in_python:
+                    do(exchange.during_in_python)
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -168,7 +169,8 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
         for position, expected, _ in step.receives:
             if statuses[position].Get_count(_BYTE) != expected:
                 checked_sizes(ring, step, statuses, call)  # raises, naming the sender
-        do(exchange.after_in_python)  # recorded.finish, inline
+        if exchange.after_in_python:
+            do(exchange.after_in_python)  # recorded.finish, inline
 
 
 def _exchanges_advancing_others(ring: Ring, recorded: Any) -> None:

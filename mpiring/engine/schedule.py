@@ -40,6 +40,7 @@ from mpiring.engine import native
 from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Step, Traffic
+from mpiring.engine.waiting import no_notice
 from mpiring.ops import UFUNC_NAMES
 
 ROOT_X, ROOT_OUT = 0, 1
@@ -199,6 +200,7 @@ class Schedule(Recording):
         self.sequence = ring.tags.numbering(ring.blocking_tag(0, numbered=False))
         notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
+        self._notice_now = self.notice  # the notice of the blocking run bound now (`bind` numbers it)
         self._bytes: list[numpy.ndarray | None] = [None, None,
                                                    *(None if a is None else _as_bytes(a) for a in self.owned)]
         self.compiled = native.program(self, ring.busy_poll)
@@ -279,14 +281,26 @@ class Schedule(Recording):
         program = self.compiled
         if calls is not None:
             self._runs += 1
-            tag = self.call.tag = self.tags.with_sequence(self.call.tag, calls)
-            if program is not None:
-                program.tag = tag
+            base, shift, mask = self.sequence
+            if mask:  # tags.with_sequence, inline (as replay_c/run.c numbers them)
+                field, number = mask << shift, (calls & mask) << shift
+                tag = self.call.tag
+                if tag >= base:
+                    tag = self.call.tag = base + ((tag - base) & ~field | number)
+                    if program is not None:
+                        program.tag = tag
+                if self.notice >= 0:
+                    self._notice_now = base + ((self.notice - base) & ~field | number)
         if program is not None:  # (it reads their addresses itself)
             program.bind(x, out, None, None)
         else:  # the Python replay posts its messages on byte views of them
             self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
             self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
+
+    def no_notice(self, ring: Ring) -> None:
+        """Raise if a peer left the blocking run bound last (waiting.no_notice: its one MPI_Iprobe here)."""
+        if self.notice_comm.Iprobe(_ANY_SOURCE, self._notice_now, ring.probed):
+            no_notice(ring, self.call.collective, self.call.algorithm)  # raises, naming the peer
 
     def unbind(self) -> None:
         self.x = self.out = None
@@ -323,10 +337,11 @@ class Schedule(Recording):
 
     def run_result(self) -> Any:
         """What the run bound last returns."""
-        roots = self.bound_roots()
-        if self.result_kind == RESULT_OUT:
-            return roots[ROOT_OUT]
-        return roots[ROOT_X] if self.result_kind == RESULT_X else None
+        kind = self.result_kind
+        if kind == RESULT_NONE:
+            return None
+        bound = self.compiled if self.compiled is not None else self  # (bound_roots, inline)
+        return bound.out if kind == RESULT_OUT else bound.x
 
     # ---- the Python replay (run.run_exchanges drives it; replay_c/run.c does the same) ----
 
@@ -361,7 +376,7 @@ class Schedule(Recording):
 
 
 _EMPTY = numpy.empty(0, numpy.uint8)
-_BYTE = MPI.BYTE
+_BYTE, _ANY_SOURCE = MPI.BYTE, MPI.ANY_SOURCE
 
 
 # How often in a row a key's layout may change within STABLE_RUNS calls of being recorded before
