@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 from mpi4py import MPI
-from oracles import all_inputs, assert_same, numpy_reduce
+from oracles import all_inputs, assert_same, numpy_reduce, rank_input
 
 import mpiring
 from mpiring.engine import native
@@ -319,3 +319,52 @@ def test_layouts_kept_a_while_are_each_recorded(comm):
             assert_same(got, np.array_split(whole, N)[RANK], f"{rows_each} rows each")
         schedule = comm.plan_of("scatter", whole if RANK == 0 else None, None, root=0)
         assert schedule is not None and schedule.runs >= 2, f"{rows_each} rows each: replayed"
+
+
+@pytest.mark.parametrize("collective, algorithm", [("allgather", a) for a in ("ring", "bruck", "scattered", None)]
+                         + [("gather", a) for a in ("ring", "binomial", "linear", None)])
+@pytest.mark.parametrize("uneven", [False, True])
+def test_an_own_block_of_out_as_x_replays_where_the_schedule_allows(comm, collective, algorithm, uneven):
+    """x a view of out's own block (what MPI.IN_PLACE means to a gather): recorded with x apart,
+    the schedule binds x where it lies if nothing but the copy of x onto itself writes there
+    (Schedule.own_offset: the ring and linear gathers, the ring and scattered all-gathers), else a
+    copy of x apart; either way later calls replay it, and results match the oracle whatever the
+    rest of out held."""
+    counts = [k % 3 for k in range(N)] if uneven else [2] * N  # uneven: some blocks empty
+    root = N - 1
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    out = np.empty((offsets[-1], 3))
+    x = out[offsets[RANK]:offsets[RANK + 1]]
+    for seed in range(5):
+        blocks = [rank_input(seed, k, (counts[k], 3), np.float64) for k in range(N)]
+        out[...] = np.nan  # what any block but this rank's holds before the call
+        x[...] = blocks[RANK]
+        if collective == "allgather":
+            got = comm.allgather(x, out=out, counts=counts, algorithm=algorithm)
+        else:
+            got = comm.gather(x, root=root, out=out if RANK == root else None, counts=counts, algorithm=algorithm)
+        if collective == "allgather" or RANK == root:
+            assert got is out
+            assert_same(out, np.concatenate(blocks), f"{collective} {algorithm} call {seed}")
+    apart = np.empty_like(x)
+    schedule = comm.plan_of(collective, apart, out if collective == "allgather" or RANK == root else None,
+                            counts=counts, algorithm=algorithm, **({"root": root} if collective == "gather" else {}))
+    if collective == "gather" and RANK != root:
+        return  # (out is None: x cannot lie in it)
+    assert schedule is not None and schedule.runs == 4  # recorded at the second call, replayed by the others
+    if counts[RANK] and (collective, algorithm) in (("allgather", "ring"), ("allgather", "scattered"),
+                                                    ("gather", "ring"), ("gather", "linear")):
+        assert schedule.own_offset == offsets[RANK] * 3 * 8  # bound where x lies
+
+
+def test_x_inside_out_but_not_at_its_own_block_runs_unrecorded_and_right(comm):
+    """x a block of out other than this rank's: the schedule recorded for x apart does not bind it."""
+    out = np.empty((2 * N, 2))
+    other = (RANK + 1) % N
+    x = out[2 * other:2 * other + 2]
+    for seed in range(4):
+        blocks = [rank_input(seed, k, (2, 2), np.float64) for k in range(N)]
+        out[...] = 0
+        x[...] = blocks[RANK]
+        assert comm.allgather(x, out=out, counts=[2] * N, algorithm="ring") is out
+        assert_same(out, np.concatenate(blocks), f"call {seed}")

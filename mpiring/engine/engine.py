@@ -45,7 +45,7 @@ from mpiring.engine.recording import SeenOnce, Unschedulable
 from mpiring.engine.requests import CollectiveRequest, PersistentRequest
 from mpiring.engine.ring import Ring
 from mpiring.engine.run import resume_recorded, run_recorded, run_to_end
-from mpiring.engine.schedule import Schedule, bindable, build_schedule, layout_key
+from mpiring.engine.schedule import Schedule, bindable, build_schedule, inside, layout_key
 from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
 from mpiring.errors import (
@@ -278,8 +278,14 @@ class Engine:
         try:
             # A cached schedule runs only for the thread the ring serves while it is usable, checked
             # on the way in (run_in_python); a call of the owner's that failed also empties the cache.
-            if known.__class__ is Schedule and known.fits(x, out):
-                return self._replay(known, collective, x, out, op, root, counts, timeout)
+            if known.__class__ is Schedule:
+                if known.fits(x, out):
+                    return self._replay(known, collective, x, out, op, root, counts, timeout)
+                if out is not None and known.own_offset < 0 and inside(x, out):
+                    # x a block of out where the schedule cannot bind it: a copy apart, as it was recorded
+                    x = x.copy()
+                    if known.fits(x, out):
+                        return self._replay(known, collective, x, out, op, root, counts, timeout)
             result = self._host_call(key, known, collective, x, out, op, root, counts, algorithm, timeout)
             if ring.received != received:  # it took data: none may come from a call a peer left
                 no_notice(ring, collective, algorithm)
@@ -313,6 +319,10 @@ class Engine:
                    counts: Any, algorithm: Any, timeout: Any) -> Any:
         """A host call with no schedule that fits: run unrecorded, or recorded and run."""
         ring = self.ring
+        if known.__class__ is SeenOnce and known.recordable and out is not None and inside(x, out):
+            # x is a block of out (an in-place gather's own): recorded with a copy of it apart, the
+            # schedule binds x where it lies if its writes allow (Schedule.own_offset)
+            x = x.copy()
         built = self._build(collective, x, out, op, root, counts, algorithm, timeout)
         call = built.call
         call.tag = ring.blocking_tag(built.identity())

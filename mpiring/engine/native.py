@@ -59,6 +59,11 @@ _OP_NAMES = {code: op for op, code in OP_CODES.items() if op != AVG}
 _DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 
+def itemsize(dtype_code: int) -> int:
+    """The bytes of one element of a work spec's dtype."""
+    return _DTYPES[dtype_code].itemsize
+
+
 def exact_in_c(op_code: int, dtype_code: int) -> bool:
     """Whether the C replay does this op on this dtype with NumPy's exact results (op_supported in
     replay_c/work.c): every op on bool and integers; sum and product on float32/float64; sum on
@@ -89,7 +94,7 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
     spec, else None), reading these tables; None where the extension is not there."""
     if not available():
         return None
-    _replay.spec_tables(datatypes, dtypes, byte_buffers)
+    _replay.spec_tables(datatypes, dtypes, byte_buffers, np.frombuffer)
     return _replay.spec_items
 
 
@@ -260,7 +265,7 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, tag, roots,
                            schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
                            schedule.result_kind, schedule.traffic, schedule, schedule.sequence, notice,
-                           schedule.items, MPI._handleof(schedule.notice_comm))
+                           schedule.items, MPI._handleof(schedule.notice_comm), schedule.own_offset)
 
 
 def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:

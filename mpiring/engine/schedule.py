@@ -193,6 +193,8 @@ class Schedule(Recording):
             exchange.during = self._works_of(exchange.during, roots)
             exchange.after = self._works_of(exchange.after, roots)
         self._exchanges_from(self._works_of(prologue, roots), exchanges, _in_python)
+        # where in out a bound x may lie rather than apart from it (-1: nowhere): `_own_block`
+        self.own_offset = -1 if self.allocate is not None or not self.x_bytes else _own_block(self)
         self.x = self.out = None  # the arrays bound now (the Python replay's; the C one keeps its own)
         self.tags = ring.tags
         # how each call's number goes into its blocking tag and its notice's (a persistent
@@ -270,7 +272,7 @@ class Schedule(Recording):
         """Whether these arrays (of its layout key) can be bound: `bindable`, and of the recorded
         sizes. Otherwise the call runs unrecorded."""
         return ((x is None or x.nbytes == self.x_bytes) and (out is None or out.nbytes == self.out_bytes)
-                and bindable(x, out))
+                and bindable(x, out, self.own_offset))
 
     def bind(self, x: Any, out: Any, calls: int | None = None) -> None:
         """Bind a call's arrays (checked by `fits`): out is made here when the call gives none.
@@ -386,16 +388,69 @@ RERECORD_LIMIT = 4
 STABLE_RUNS = 2
 
 
-def bindable(x: Any, out: Any) -> bool:
+def bindable(x: Any, out: Any, own_offset: int = -1) -> bool:
     """Whether a schedule can be bound to these arrays: NumPy arrays, C-contiguous, out writable,
-    x and out the same array or apart."""
+    x and out the same array or apart, or x at `own_offset` bytes into out (Schedule.own_offset)."""
     if x is not None and not (x.__class__ is _NDARRAY and x.flags.c_contiguous):
         return False
     if out is None:
         return True
     if not (out.__class__ is _NDARRAY and out.flags.c_contiguous and out.flags.writeable):
         return False
-    return x is None or x is out or not numpy.may_share_memory(x, out)  # (contiguous: their bounds tell)
+    if x is None or x is out or not numpy.may_share_memory(x, out):  # (contiguous: their bounds tell)
+        return True
+    return own_offset >= 0 and _address(x) - _address(out) == own_offset
+
+
+def inside(x: Any, out: Any) -> bool:
+    """Whether x lies wholly inside out (both C-contiguous NumPy arrays, x not out): an in-place
+    call's own block, which a schedule may bind where it was recorded with x apart (`_own_block`)."""
+    if not (x.__class__ is _NDARRAY and out.__class__ is _NDARRAY and x is not out and x.flags.c_contiguous
+            and out.flags.c_contiguous and out.flags.writeable and x.nbytes):
+        return False
+    start = _address(x) - _address(out)
+    return 0 <= start and start + x.nbytes <= out.nbytes
+
+
+def _address(a: numpy.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _own_block(schedule: Schedule) -> int:
+    """Where in out a bound x may lie (an in-place gather's own block), or -1. Its copies of x
+    into out must all land at one offset; then x may be that range of out if nothing writes x and
+    nothing writes that range but those copies, each a copy of x's bytes onto themselves, which
+    binding it there makes nothing (replay_c/work.c skips it): x reads as recorded throughout."""
+    works = [*schedule.prologue_works]
+    for exchange in schedule.exchanges:
+        works += [*exchange.during, *exchange.after]
+    offsets = {work[3][1] - work[4][1] for work in works
+               if not callable(work) and work[0] == native.WORK_COPY and work[3][0] == ROOT_OUT
+               and work[4][0] == ROOT_X}
+    if len(offsets) != 1:
+        return -1
+    own = offsets.pop()
+    low, high = own, own + schedule.x_bytes
+
+    def reaches(root: int, offset: int, nbytes: int) -> bool:  # writes x, or out's range of x
+        return root == ROOT_X or (root == ROOT_OUT and offset < high and low < offset + nbytes)
+
+    for exchange in schedule.exchanges:
+        if any(m.receive and reaches(m.ref[0], m.ref[1], m.nbytes) for m in exchange.messages):
+            return -1
+    for work in works:
+        if callable(work):  # work on views: written at its first view's root
+            if work.args[3][0][0] in (ROOT_X, ROOT_OUT):
+                return -1
+            continue
+        kind, _, dtype_code, (root, offset), a, _, n = work[:7]
+        if kind == native.WORK_EXPECT:
+            continue
+        nbytes = n if kind == native.WORK_COPY else n * native.itemsize(dtype_code)
+        if reaches(root, offset, nbytes) and not (kind == native.WORK_COPY and a[0] == ROOT_X
+                                                   and offset - a[1] == own):
+            return -1
+    return own
 
 
 def _as_bytes(a: numpy.ndarray) -> numpy.ndarray:

@@ -58,10 +58,10 @@ static PyObject *elements(PyObject *spec, Py_ssize_t blocks) {
     return items;
 }
 
-/* A new array of `count` elements of flat `like`'s dtype (a new reference): a copy of its
-   elements from `first` on where `copy`, else uninitialised. An in-place gather's own block kept
-   apart, so that the call's x and out do not overlap (such a call could not be recorded). */
-static PyObject *apart(PyObject *like, Py_ssize_t first, Py_ssize_t count, int copy) {
+/* A new array of `count` elements of flat `like`'s dtype (a new reference): a copy of its first
+   ones where `copy`, else uninitialised (an in-place all-to-all's input, kept apart from its
+   output; an in-place scatter root's throwaway block). */
+static PyObject *apart(PyObject *like, Py_ssize_t count, int copy) {
     PyObject *length = PyLong_FromSsize_t(count), *args[2] = {length, dtype_of(like)};
     PyObject *made = length ? PyObject_Vectorcall(empty, args, 2, NULL) : NULL;
     Py_XDECREF(length);
@@ -71,7 +71,7 @@ static PyObject *apart(PyObject *like, Py_ssize_t first, Py_ssize_t count, int c
     }
     if (copy && count > 0) {
         Py_ssize_t itemsize = ((const ArrayHead *)made)->strides[0];
-        memcpy(((const ArrayHead *)made)->data, ((const ArrayHead *)like)->data + first * itemsize,
+        memcpy(((const ArrayHead *)made)->data, ((const ArrayHead *)like)->data,
                (size_t)(count * itemsize));
     }
     return made;
@@ -164,7 +164,7 @@ static int alltoallv_of(PyObject *sendbuf, PyObject *recvbuf, Py_ssize_t size, P
         return -1;
     }
     if (sendbuf == in_place || sendbuf == Py_None) {
-        *x = apart(*out, 0, length_of(*out), 1);
+        *x = apart(*out, length_of(*out), 1);
         memcpy(send, receive, (size_t)size * sizeof(Py_ssize_t));
     } else {
         *x = packed(sendbuf, size, send, displs);
@@ -247,8 +247,8 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         if (sendbuf != in_place && sendbuf != Py_None)
             x = elements(sendbuf, blocks_in);
-        else if (kind == D_GATHER || kind == D_ALLGATHER) /* in place: this rank's block, kept apart */
-            x = apart(out, rank * (length_of(out) / size), length_of(out) / size, 1);
+        else if (kind == D_GATHER || kind == D_ALLGATHER) /* in place: this rank's block, where it lies */
+            x = PySequence_GetSlice(out, rank * (length_of(out) / size), (rank + 1) * (length_of(out) / size));
         else
             x = Py_NewRef(out);
         if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) * blocks_out != length_of(out) * blocks_in))
@@ -264,7 +264,7 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (x == NULL)
             break;
         if (recvbuf == in_place || recvbuf == Py_None) /* in place: the root's block stays where it is */
-            out = apart(x, 0, length_of(x) / size, 0);
+            out = apart(x, length_of(x) / size, 0);
         else
             out = elements(recvbuf, 1);
         if (out != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))

@@ -4,7 +4,7 @@
  */
 #include "replay.h"
 
-PyObject *s_shape, *s_dtype, *s_view, *zero;
+PyObject *s_shape, *s_dtype, *s_view, *s_copy, *zero;
 
 static PyMethodDef module_methods[] = {
     {"bind", bind_library, METH_VARARGS,
@@ -13,7 +13,7 @@ static PyMethodDef module_methods[] = {
     {"supports", supports, METH_VARARGS, "supports(op, dtype): whether WORK_OP with these codes runs here"},
     {"read_arrays", read_arrays, METH_O, "read_arrays(samples): whether NumPy arrays' fields are where this module "
                                          "reads them (then they are read directly)"},
-    {"spec_tables", spec_tables, METH_VARARGS, "spec_tables(datatypes, dtypes): the tables spec_items reads"},
+    {"spec_tables", spec_tables, METH_VARARGS, "spec_tables(datatypes, dtypes, byte_buffers, frombuffer): the tables spec_items reads"},
     {"spec_items", (PyCFunction)(void (*)(void))spec_items, METH_FASTCALL,
      "spec_items(spec, blocks): a buffer spec's elements for its common forms, else None"},
     {"dropin_tables", dropin_tables, METH_VARARGS, "dropin_tables(ops, in_place): the tables dropin_call reads"},
@@ -27,11 +27,12 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_replay", "Schedules replayed in C (mpiring.engine.native).", -1, module_methods,
 };
 
-/* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape; spec_items takes a
-   view), and the int 0 */
+/* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape and may copy an
+   array; spec_items takes a view), and the int 0 */
 static int intern_names(void) {
     return (s_shape = PyUnicode_InternFromString("shape")) && (s_dtype = PyUnicode_InternFromString("dtype")) &&
-                   (s_view = PyUnicode_InternFromString("view")) && (zero = PyLong_FromLong(0))
+                   (s_view = PyUnicode_InternFromString("view")) && (s_copy = PyUnicode_InternFromString("copy")) &&
+                   (zero = PyLong_FromLong(0))
                ? 0
                : -1;
 }

@@ -140,20 +140,20 @@ static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
 }
 
 /* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
-   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1), notice_comm=comm): roots: a tuple of
-   root addresses (0 and 1 placeholders, bound per call). */
+   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1), notice_comm=comm, own_offset=-1):
+   roots: a tuple of root addresses (0 and 1 placeholders, bound per call). */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
     unsigned long long comm, notice_comm = 0;
     int busy = 0, tag = 0, result = RESULT_NONE, base = 0, shift = 0, mask = 0, notice = -1;
-    Py_ssize_t x_bytes = 0, out_bytes = 0, x_items = -1, out_items = -1;
+    Py_ssize_t x_bytes = 0, out_bytes = 0, x_items = -1, out_items = -1, own_offset = -1;
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
                             "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice",
-                            "items", "notice_comm", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)K", names, &PyTuple_Type, &prologue,
+                            "items", "notice_comm", "own_offset", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)Kn", names, &PyTuple_Type, &prologue,
                                      &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
                                      &out_bytes, &allocate, &result, &CountersType, &traffic, &schedule, &base, &shift, &mask,
-                                     &notice, &x_items, &out_items, &notice_comm))
+                                     &notice, &x_items, &out_items, &notice_comm, &own_offset))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -171,6 +171,7 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     self->result = result;
     self->x_bytes = x_bytes;
     self->out_bytes = out_bytes;
+    self->own_offset = own_offset;
     self->x_items = x_items;
     self->out_items = out_items;
     self->nroots = PyTuple_GET_SIZE(roots);

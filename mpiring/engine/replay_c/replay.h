@@ -228,6 +228,7 @@ typedef struct {
     PyObject *owned;           /* the owned roots' arrays, kept alive */
     PyObject *x, *out;         /* the arrays bound now, for work done in Python (None between calls) */
     Py_ssize_t x_bytes, out_bytes; /* what a bound x and out must hold */
+    Py_ssize_t own_offset;     /* where in out a bound x may lie (an in-place gather's own block; -1: apart only) */
     Py_ssize_t x_items, out_items; /* their elements (-1: unknown, their size is asked of the buffer protocol) */
     PyObject *allocate;        /* makes the result when the call gives no out= (None: out is given) */
     int result;                /* what a call returns: RESULT_NONE, RESULT_OUT, RESULT_X */
@@ -313,7 +314,7 @@ extern PyTypeObject ShortcutType, RequestFieldsType, PersistentType;
 
 /* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape; spec_items takes
    a view), and the int 0 (a persistent run's first step) */
-extern PyObject *s_shape, *s_dtype, *s_view, *zero;
+extern PyObject *s_shape, *s_dtype, *s_view, *s_copy, *zero;
 
 #pragma GCC visibility pop
 

@@ -197,10 +197,12 @@ static void memo_keep(Shortcut *self, PyObject *const *args, Program *p) {
     Py_XSETREF(self->memo, (Program *)Py_NewRef((PyObject *)p));
 }
 
-/* Bind x and out (or a new result) to the program; 0, or -1 (an error set) on a miss. */
+/* Bind x and out (or a new result) to the program; 0, or -1 (an error set) on a miss. An x inside
+   out (an in-place gather's own block) is bound where it lies at the program's own_offset, and
+   elsewhere a copy of it apart is, as it was recorded (Engine._on_host_arrays does the same). */
 static int bind_call(Program *p, PyObject *x, PyObject *out) {
     char *x_memory = NULL, *out_memory = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *apart = NULL;
     if (x != Py_None && (x_memory = memory_of(x, p->x_bytes, p->x_items, 0)) == NULL)
         return -1;
     if (out == Py_None && p->allocate != Py_None) {
@@ -213,13 +215,19 @@ static int bind_call(Program *p, PyObject *x, PyObject *out) {
         if ((out_memory = memory_of(out, p->out_bytes, p->out_items, 1)) == NULL)
             return -1;
         if (x != out && x_memory && p->x_bytes && p->out_bytes && x_memory < out_memory + p->out_bytes &&
-            out_memory < x_memory + p->x_bytes) {
-            PyErr_SetString(PyExc_ValueError, "x and out overlap without being the same array");
-            return -1;
+            out_memory < x_memory + p->x_bytes && !(p->own_offset >= 0 && x_memory == out_memory + p->own_offset)) {
+            if (x_memory < out_memory || x_memory + p->x_bytes > out_memory + p->out_bytes || p->result == RESULT_X ||
+                (apart = PyObject_CallMethodNoArgs(x, s_copy)) == NULL ||
+                (x_memory = memory_of(apart, p->x_bytes, p->x_items, 0)) == NULL) {
+                Py_XDECREF(apart);
+                PyErr_SetString(PyExc_ValueError, "x and out overlap without x lying inside out");
+                return -1;
+            }
+            x = apart;
         }
         result = Py_NewRef(out);
     }
-    Py_XSETREF(p->x, Py_NewRef(x));
+    Py_XSETREF(p->x, apart ? apart : Py_NewRef(x));
     Py_XSETREF(p->out, result ? result : Py_NewRef(Py_None));
     p->base[0] = x_memory;
     p->base[1] = out_memory;

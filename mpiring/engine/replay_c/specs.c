@@ -7,17 +7,36 @@
 static PyObject *spec_datatypes; /* {id(datatype): (datatype, dtype)}: the predefined datatypes a dtype moves as */
 static PyObject *spec_dtypes;    /* the dtypes mpiring moves (a frozenset) */
 static PyObject *spec_bytes;     /* {type: what makes an array of its bytes}: bytearray, mmap (numpy.frombuffer) */
+static PyObject *frombuffer;     /* numpy.frombuffer(buffer, dtype, count) */
 
-/* spec_tables(datatypes, dtypes, byte_buffers): the tables spec_items reads (buffer_specs', once). */
+/* spec_tables(datatypes, dtypes, byte_buffers, frombuffer): the tables spec_items reads
+   (buffer_specs', once), and numpy.frombuffer. */
 PyObject *spec_tables(PyObject *module, PyObject *args) {
-    PyObject *datatypes, *dtypes, *byte_buffers;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes, &PyDict_Type,
-                          &byte_buffers))
+    PyObject *datatypes, *dtypes, *byte_buffers, *made_from_buffer;
+    if (!PyArg_ParseTuple(args, "O!O!O!O", &PyDict_Type, &datatypes, &PyFrozenSet_Type, &dtypes, &PyDict_Type,
+                          &byte_buffers, &made_from_buffer))
         return NULL;
     Py_XSETREF(spec_datatypes, Py_NewRef(datatypes));
     Py_XSETREF(spec_dtypes, Py_NewRef(dtypes));
     Py_XSETREF(spec_bytes, Py_NewRef(byte_buffers));
+    Py_XSETREF(frombuffer, Py_NewRef(made_from_buffer));
     Py_RETURN_NONE;
+}
+
+/* [byte buffer, count, datatype] in `blocks` blocks: its count * blocks elements of `dtype`, read
+   in one call (no array of the whole buffer, no view, no slice); None where the buffer is too
+   short or the count no int (the parse says why). */
+static PyObject *counted_bytes(PyObject *buffer, PyObject *count, PyObject *dtype, Py_ssize_t blocks) {
+    Py_ssize_t each = PyLong_CheckExact(count) ? PyLong_AsSsize_t(count) : -1;
+    PyObject *total = each >= 0 && each <= PY_SSIZE_T_MAX / blocks ? PyLong_FromSsize_t(each * blocks) : NULL;
+    PyObject *args[3] = {buffer, dtype, total};
+    PyObject *items = total ? PyObject_Vectorcall(frombuffer, args, 3, NULL) : NULL;
+    Py_XDECREF(total);
+    if (items == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return items;
 }
 
 /* `buffer` as a NumPy array: itself, or the array of its bytes where it is a byte buffer the
@@ -88,7 +107,14 @@ PyObject *spec_elements(PyObject *spec, Py_ssize_t blocks) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *array = as_array(PyList_GET_ITEM(spec, 0)), *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    PyObject *buffer = PyList_GET_ITEM(spec, 0), *dtype = PyTuple_GET_ITEM(named, 1), *items;
+    if (n == 3 && Py_TYPE(buffer) != readable_arrays) {
+        int bytes = PyDict_Contains(spec_bytes, (PyObject *)Py_TYPE(buffer));
+        PyErr_Clear();
+        if (bytes == 1)
+            return counted_bytes(buffer, PyList_GET_ITEM(spec, 1), dtype, blocks);
+    }
+    PyObject *array = as_array(buffer);
     if (array == NULL)
         Py_RETURN_NONE;
     if ((length = flat_length(array)) < 0) {

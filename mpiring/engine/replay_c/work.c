@@ -113,7 +113,9 @@ int do_work(const Program *p, const Work *work, Py_ssize_t n) {
             if (memcmp(address(p, k->out), k->expected, (size_t)k->n) != 0)
                 return 1;
         } else if (k->kind == WORK_COPY) {
-            memmove(address(p, k->out), address(p, k->a), (size_t)k->n);
+            char *to = address(p, k->out), *from = address(p, k->a);
+            if (to != from) /* a copy onto itself: an in-place gather's own block (Program.own_offset) */
+                memmove(to, from, (size_t)k->n);
         } else if (k->kind == WORK_OP) {
             op_loop(k->op, k->dtype, address(p, k->out), address(p, k->a), address(p, k->b), k->n);
         } else if (k->kind == WORK_DIVIDE) {
