@@ -134,6 +134,11 @@ class Request:
             request.Start()
 
 
+# An in-place all-to-all's algorithm, whatever the form of its buffers: MPI has every rank's call
+# in place, so every rank runs it, and it exchanges each block in place (algorithms/alltoall_pairwise.py).
+IN_PLACE_ALLTOALL = "pairwise"
+
+
 class _Prepared:
     """A parsed uppercase call: the lowercase collective's arguments as the engine's entries take
     them (`run`, `start` and `persistent`: counts= as tuples, scatter's x None off the root), and
@@ -143,8 +148,8 @@ class _Prepared:
 
     def __init__(self, collective: str, x: Any, out: Any = None, op: str | None = None, root: int | None = None,
                  counts: Any = None, finish: Callable[[], None] | None = None,
-                 before: Callable[[], None] | None = None) -> None:
-        self.call = (collective, x, out, op, root, counts, None, None)  # algorithm and timeout: the defaults
+                 before: Callable[[], None] | None = None, algorithm: str | None = None) -> None:
+        self.call = (collective, x, out, op, root, counts, algorithm, None)  # timeout: the default
         self.finish = finish  # after each run: copy the result into place
         self.before = before  # before each run (done once already): copy the input
 
@@ -366,8 +371,9 @@ class BufferAPI:
     def _parse_alltoall(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
         p = self.size
         out = simple("Alltoall", "recvbuf", recvbuf, blocks=p)
-        x = out if is_in_place(sendbuf) else matching(
-            "Alltoall", "sendbuf", simple("Alltoall", "sendbuf", sendbuf, blocks=p), out.size, out.dtype)
+        if is_in_place(sendbuf):
+            return _Prepared("alltoall", out, out, algorithm=IN_PLACE_ALLTOALL)
+        x = matching("Alltoall", "sendbuf", simple("Alltoall", "sendbuf", sendbuf, blocks=p), out.size, out.dtype)
         return _Prepared("alltoall", x, out)
 
     def _parse_alltoallv(self, sendbuf: Any, recvbuf: Any) -> _Prepared:
@@ -377,9 +383,8 @@ class BufferAPI:
         if receive is not None and send is not None and receive[0].dtype == send[0].dtype:
             if send is not receive:
                 return _Prepared("alltoallv", send[0], receive[0], None, None, (send[1], receive[1]))
-            apart = receive[0].copy()  # in place: the input copied out before each run (done once here)
-            return _Prepared("alltoallv", apart, receive[0], None, None, (receive[1], receive[1]),
-                             before=partial(numpy.copyto, apart, receive[0]))
+            return _Prepared("alltoallv", receive[0], receive[0], None, None, (receive[1], receive[1]),
+                             algorithm=IN_PLACE_ALLTOALL)
         receive = vector("Alltoallv", "recvbuf", recvbuf, p)
         send = receive if is_in_place(sendbuf) else vector("Alltoallv", "sendbuf", sendbuf, p)
         return self._alltoallv_of("Alltoallv", send, receive)
@@ -401,7 +406,8 @@ class BufferAPI:
             before = partial(send.gather_into, x)
             before()
         out, finish = self._packed_target(receive, receive.items.dtype)
-        return _Prepared("alltoallv", x, out, None, None, (tuple(send.counts), tuple(receive.counts)), finish, before)
+        return _Prepared("alltoallv", x, out, None, None, (tuple(send.counts), tuple(receive.counts)), finish, before,
+                         IN_PLACE_ALLTOALL if send is receive else None)
 
     def _parse_scan(self, sendbuf: Any, recvbuf: Any, op: Any, collective: str) -> _Prepared:
         """Scan and Exscan (whose rank 0 receives nothing: its receive buffer is left as it was)."""
@@ -492,7 +498,7 @@ _DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
 # COMMON_CALL first, and forwards here only where it returns None (None too where C was not built).
 COMMON_FORMS = {"Bcast": 0, "Reduce": 1, "Allreduce": 2, "Gather": 3, "Allgather": 4, "Scatter": 5, "Alltoall": 6,
                 "Scan": 7, "Exscan": 8, "Alltoallv": 9}
-COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in OPS}, MPI.IN_PLACE)
+COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in OPS}, MPI.IN_PLACE, IN_PLACE_ALLTOALL)
 
 
 def _forms(name: str, parser: str, doc: str) -> list[Callable[..., Any]]:

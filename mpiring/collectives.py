@@ -343,8 +343,8 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
 
 def alltoall(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
     """Block j of `x` (axis 0 cut in size equal parts) goes to rank j; block i of the result came
-    from rank i."""
-    target = Output(backend, out, x.shape, x.dtype, source=x)
+    from rank i. In place (out is x) where the algorithm asked for is pairwise."""
+    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=call.algorithm == "pairwise")
     block = x.size // ring.size
     bounds = [k * block for k in range(ring.size + 1)]
     algorithm = _algorithm(ring, call, x.nbytes)
@@ -372,7 +372,8 @@ def _alltoallv_after_counts(ring: Ring, backend: NumpyBackend, call: Call, x: An
 def _alltoallv_counts(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, send_counts: list[int],
                       recv_counts: list[int]) -> Steps:
     row = _row_size(x.shape)
-    target = Output(backend, out, (sum(recv_counts), *x.shape[1:]), x.dtype, source=x)
+    in_place_ok = call.algorithm == "pairwise" and send_counts == recv_counts  # (pairwise: in place too)
+    target = Output(backend, out, (sum(recv_counts), *x.shape[1:]), x.dtype, source=x, in_place_ok=in_place_ok)
     send_bounds, recv_bounds = bounds_from_counts(send_counts, row), bounds_from_counts(recv_counts, row)
     algorithm = _algorithm(ring, call, 0)  # the ranks' sizes differ; one algorithm serves every size
     yield from algorithm(ring, backend, call.tag, backend.flat(x), send_bounds, target.flat, recv_bounds)

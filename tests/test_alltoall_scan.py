@@ -78,6 +78,33 @@ def test_alltoall_large_and_into_out(comm, algorithm):
     assert_same(comm.alltoall(x3, algorithm=algorithm), native, f"alltoall {algorithm} 3-d")
 
 
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["alltoall"]))
+def test_alltoall_in_place_against_mpi(comm, algorithm):
+    """out is x (MPI_IN_PLACE): pairwise exchanges each block in place through one block of
+    scratch, any other algorithm runs on a copy; recorded and replayed with new contents, and
+    every size of block, large ones too."""
+    for seed, rows in enumerate((1, 3, 0, BIG // N, 3)):  # the last: its schedule replayed
+        x = rank_input(seed, RANK, (N * rows, 2), np.float64)
+        native = x.copy()
+        WORLD.Alltoall(MPI.IN_PLACE, native)
+        assert comm.alltoall(x, out=x, algorithm=algorithm) is x
+        assert_same(x, native, f"alltoall {algorithm} in place, rows {rows}")
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["alltoallv"]))
+def test_alltoallv_in_place_against_mpi(comm, algorithm):
+    """alltoallv with out x (counts the same both ways, as MPI_IN_PLACE has them): uneven blocks,
+    empty ones included, against MPI's in-place all-to-all-v."""
+    for seed in range(4):
+        counts = [(RANK + b + seed) % 3 for b in range(N)]  # rank a's count for b is b's for a
+        x = rank_input(seed, RANK, (sum(counts), 2), np.float64)
+        native = x.copy()
+        row = 2 * 8
+        WORLD.Alltoallv(MPI.IN_PLACE, [_bytes(native), [n * row for n in counts], MPI.BYTE])
+        assert comm.alltoallv(x, counts, counts, out=x, algorithm=algorithm) is x
+        assert_same(x, native, f"alltoallv {algorithm} in place, seed {seed}")
+
+
 def _sends(a: int, b: int, seed: int) -> int:
     """Rows rank a sends rank b: uneven, often none."""
     return (a + 2 * b + seed) % 4

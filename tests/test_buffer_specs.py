@@ -166,7 +166,7 @@ def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
                 assert want.finish is None, case
                 collective, x, out, op_name, at, counts, algorithm, timeout = fast
                 assert (collective, op_name, at, counts, algorithm, timeout) == (
-                    want.call[0], want.call[3], want.call[4], want.call[5], None, None), case
+                    want.call[0], want.call[3], want.call[4], want.call[5], want.call[6], None), case
                 kept_apart = want.before is not None  # in place: its own block (or its input), copied
                 throwaway = name == "Scatter" and rank == root and (recvbuf is MPI.IN_PLACE or recvbuf is None)
                 if kept_apart:

@@ -98,13 +98,14 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
     return _replay.spec_items
 
 
-def dropin_call(ops: dict, in_place: Any) -> Callable[..., Any] | None:
+def dropin_call(ops: dict, in_place: Any, in_place_alltoall: str) -> Callable[..., Any] | None:
     """The C reading of the drop-in's common calls (mpiring.buffer_api.COMMON_FORMS, asked first by
     Communicator's blocking uppercase methods: the engine's blocking run's arguments, else None),
-    knowing these ops ({id(op): (op, name)}) and MPI.IN_PLACE; None where the extension is not there."""
+    knowing these ops ({id(op): (op, name)}), MPI.IN_PLACE and the algorithm an in-place
+    all-to-all runs; None where the extension is not there."""
     if not available():
         return None
-    _replay.dropin_tables(ops, in_place, np.empty, array.array)
+    _replay.dropin_tables(ops, in_place, np.empty, array.array, in_place_alltoall)
     return _replay.dropin_call
 
 

@@ -17,12 +17,13 @@ static PyObject *op_names;       /* {id(op): (op, name)}: mpi4py's predefined op
 static PyObject *in_place;       /* MPI.IN_PLACE */
 static PyObject *empty;          /* numpy.empty */
 static PyObject *int_arrays;     /* array.array: counts as mpi4py's demos give them */
+static PyObject *exchange;       /* the algorithm an in-place all-to-all runs (buffer_api.IN_PLACE_ALLTOALL) */
 
-/* dropin_tables(ops, in_place, empty, int_arrays): the ops buffer_specs knows, MPI.IN_PLACE,
-   numpy.empty and array.array (once). */
+/* dropin_tables(ops, in_place, empty, int_arrays, in_place_alltoall): the ops buffer_specs knows,
+   MPI.IN_PLACE, numpy.empty, array.array and the algorithm an in-place all-to-all runs (once). */
 PyObject *dropin_tables(PyObject *module, PyObject *args) {
-    PyObject *ops, *place, *make, *arrays;
-    if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &ops, &place, &make, &arrays))
+    PyObject *ops, *place, *make, *arrays, *algorithm;
+    if (!PyArg_ParseTuple(args, "O!OOOU", &PyDict_Type, &ops, &place, &make, &arrays, &algorithm))
         return NULL;
     for (int k = 0; k < D_KINDS; k++)
         if (names[k] == NULL && (names[k] = PyUnicode_InternFromString(lowercase[k])) == NULL)
@@ -31,6 +32,7 @@ PyObject *dropin_tables(PyObject *module, PyObject *args) {
     Py_XSETREF(in_place, Py_NewRef(place));
     Py_XSETREF(empty, Py_NewRef(make));
     Py_XSETREF(int_arrays, Py_NewRef(arrays));
+    Py_XSETREF(exchange, Py_NewRef(algorithm));
     Py_RETURN_NONE;
 }
 
@@ -58,21 +60,25 @@ static PyObject *elements(PyObject *spec, Py_ssize_t blocks) {
     return items;
 }
 
-/* A new array of `count` elements of flat `like`'s dtype (a new reference): a copy of its first
-   ones where `copy`, else uninitialised (an in-place all-to-all's input, kept apart from its
-   output; an in-place scatter root's throwaway block). */
-static PyObject *apart(PyObject *like, Py_ssize_t count, int copy) {
-    PyObject *length = PyLong_FromSsize_t(count), *args[2] = {length, dtype_of(like)};
-    PyObject *made = length ? PyObject_Vectorcall(empty, args, 2, NULL) : NULL;
-    Py_XDECREF(length);
-    if (made == NULL || Py_TYPE(made) != readable_arrays || ((const ArrayHead *)made)->nd != 1) {
-        Py_XDECREF(made);
-        return NULL;
-    }
-    if (copy && count > 0) {
-        Py_ssize_t itemsize = ((const ArrayHead *)made)->strides[0];
-        memcpy(((const ArrayHead *)made)->data, ((const ArrayHead *)like)->data,
-               (size_t)(count * itemsize));
+static PyObject *spare; /* the last array `throwaway` made, kept for the next call of its size */
+
+/* An uninitialised array of `count` elements of flat `like`'s dtype (a new reference): an
+   in-place scatter root's block, which stays in its send buffer. The last one made serves again
+   while nothing else holds it (a blocking call lets go of it when it returns, an abandoned one
+   keeps it): a large array made anew each call costs its page faults every time. */
+static PyObject *throwaway(PyObject *like, Py_ssize_t count) {
+    PyObject *made;
+    if (spare != NULL && Py_REFCNT(spare) == 1 && dtype_of(spare) == dtype_of(like) && length_of(spare) == count) {
+        made = Py_NewRef(spare);
+    } else {
+        PyObject *length = PyLong_FromSsize_t(count), *args[2] = {length, dtype_of(like)};
+        made = length ? PyObject_Vectorcall(empty, args, 2, NULL) : NULL;
+        Py_XDECREF(length);
+        if (made == NULL || Py_TYPE(made) != readable_arrays || ((const ArrayHead *)made)->nd != 1) {
+            Py_XDECREF(made);
+            return NULL;
+        }
+        Py_XSETREF(spare, Py_NewRef(made));
     }
     return made;
 }
@@ -149,8 +155,8 @@ static PyObject *counts_tuple(const Py_ssize_t *counts, Py_ssize_t size) {
     return made;
 }
 
-/* Alltoallv's (x, out, (send counts, receive counts)) for packed specs, in place included (the
-   input copied apart); 0, else -1 (no error set: the parse looks). */
+/* Alltoallv's (x, out, (send counts, receive counts)) for packed specs, in place included (x is
+   out); 0, else -1 (no error set: the parse looks). */
 static int alltoallv_of(PyObject *sendbuf, PyObject *recvbuf, Py_ssize_t size, PyObject **x, PyObject **out,
                         PyObject **counts) {
     Py_ssize_t *room = PyMem_Malloc((size_t)(4 * size) * sizeof(Py_ssize_t));
@@ -164,7 +170,7 @@ static int alltoallv_of(PyObject *sendbuf, PyObject *recvbuf, Py_ssize_t size, P
         return -1;
     }
     if (sendbuf == in_place || sendbuf == Py_None) {
-        *x = apart(*out, length_of(*out), 1);
+        *x = Py_NewRef(*out);
         memcpy(send, receive, (size_t)size * sizeof(Py_ssize_t));
     } else {
         *x = packed(sendbuf, size, send, displs);
@@ -264,7 +270,7 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (x == NULL)
             break;
         if (recvbuf == in_place || recvbuf == Py_None) /* in place: the root's block stays where it is */
-            out = apart(x, length_of(x) / size, 0);
+            out = throwaway(x, length_of(x) / size);
         else
             out = elements(recvbuf, 1);
         if (out != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))
@@ -302,7 +308,9 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(call, 3, Py_NewRef(name));
     PyTuple_SET_ITEM(call, 4, rooted ? Py_NewRef(root) : Py_NewRef(Py_None));
     PyTuple_SET_ITEM(call, 5, counts ? counts : Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(call, 6, Py_NewRef(Py_None));
+    /* every rank's all-to-all is in place or none is (MPI): in place, all run the one that exchanges in place */
+    int exchanged = (kind == D_ALLTOALL || kind == D_ALLTOALLV) && (sendbuf == in_place || sendbuf == Py_None);
+    PyTuple_SET_ITEM(call, 6, Py_NewRef(exchanged ? exchange : Py_None));
     PyTuple_SET_ITEM(call, 7, Py_NewRef(Py_None));
     return call;
 }

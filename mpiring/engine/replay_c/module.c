@@ -16,7 +16,7 @@ static PyMethodDef module_methods[] = {
     {"spec_tables", spec_tables, METH_VARARGS, "spec_tables(datatypes, dtypes, byte_buffers, frombuffer): the tables spec_items reads"},
     {"spec_items", (PyCFunction)(void (*)(void))spec_items, METH_FASTCALL,
      "spec_items(spec, blocks): a buffer spec's elements for its common forms, else None"},
-    {"dropin_tables", dropin_tables, METH_VARARGS, "dropin_tables(ops, in_place): the tables dropin_call reads"},
+    {"dropin_tables", dropin_tables, METH_VARARGS, "dropin_tables(ops, in_place, empty, int_arrays, in_place_alltoall): the tables dropin_call reads"},
     {"dropin_call", (PyCFunction)(void (*)(void))dropin_call, METH_FASTCALL,
      "dropin_call(kind, sendbuf, recvbuf, op, root, rank, size): the engine's blocking run's arguments for the "
      "common forms of an uppercase call, else None"},
