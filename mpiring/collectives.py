@@ -410,9 +410,10 @@ def scan(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: An
     if is_bfloat16(x.dtype):
         return (yield from in_float32(scan, ring, backend, call, x, out, op=op, exclusive=exclusive))
     empty = exclusive and ring.rank == 0  # takes part, but has no result
-    # not in place: the algorithms write the result before they have read all of x
-    target = None if empty else Output(backend, out, x.shape, x.dtype, source=x)
     algorithm = _algorithm(ring, call, x.nbytes)
+    # in place (out is x) for the flat algorithms, which read each element of x before they write it
+    in_place_ok = call.algorithm in ("ring", "recursive_doubling")
+    target = None if empty else Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=in_place_ok)
     yield from algorithm(ring, backend, call.tag, backend.flat(x), None if empty else target.flat, op, exclusive)
     return None if empty else target.result()
 

@@ -175,6 +175,24 @@ def test_scan_large(comm, algorithm):
         assert (got is None) if RANK == 0 else np.array_equal(got, numpy_reduce(op, inputs[:RANK]))
 
 
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS["scan"]))
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_scan_and_exscan_in_place(comm, algorithm, op):
+    """out is x (MPI_IN_PLACE): the chain and recursive doubling read each element of x before
+    they write it, the others run on a copy; every length, large ones in segments, recorded and
+    replayed, against the oracle (and exscan's rank 0 keeps what it held)."""
+    for seed, length in enumerate((*SCAN_LENGTHS, BIG, 37)):
+        inputs = [rank_input(seed, k, length, np.float64, op) for k in range(N)]
+        x = inputs[RANK].copy()
+        assert comm.scan(x, op=op, out=x, algorithm=algorithm) is x
+        assert_same(x, numpy_reduce(op, inputs[: RANK + 1]), f"scan {algorithm} {op} in place, length {length}")
+        x = inputs[RANK].copy()
+        got = comm.exscan(x, op=op, out=x, algorithm=algorithm)
+        want = inputs[0] if RANK == 0 else numpy_reduce(op, inputs[:RANK])
+        assert (got is None) if RANK == 0 else (got is x)
+        assert_same(x, want, f"exscan {algorithm} {op} in place, length {length}")
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_scan_rounding_orders(comm, dtype):
     """Random floats: the chain reduces left to right, bitwise as a rank-ordered cumulative

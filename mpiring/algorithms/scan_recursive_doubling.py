@@ -28,7 +28,8 @@ from mpiring.engine.transport import Steps
 
 def scan_recursive_doubling(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str,
                             exclusive: bool) -> Steps:
-    """Prefix-reduce flat `src` into flat `out` (not overlapping `src`): over ranks 0..r, or with
+    """Prefix-reduce flat `src` into flat `out` (apart from `src`, or `src` itself: each round
+    reads src, by way of the group's reduction, before it writes out): over ranks 0..r, or with
     `exclusive` over 0..r-1 (rank 0's `out` is then left alone)."""
     p, r = ring.size, ring.rank
     if not exclusive:
@@ -41,18 +42,18 @@ def scan_recursive_doubling(ring: Ring, backend: NumpyBackend, tag: int, src: An
             partner = r ^ mask
             if partner < p:
                 yield ring.post(backend, tag, sends=[(mine, partner)], receives=[(arrived, partner)])
-                if partner < r:
-                    if has_result:
-                        backend.combine(op, arrived, out, out)
-                    else:
-                        backend.copy(out, arrived)
-                        has_result = True
                 if mask << 1 < p:  # the group's reduction is needed only for a later round
                     if partner < r:
                         backend.combine(op, arrived, mine, group)
                     else:
                         backend.combine(op, mine, arrived, group)
                     mine = group
+                if partner < r:
+                    if has_result:
+                        backend.combine(op, arrived, out, out)
+                    else:
+                        backend.copy(out, arrived)
+                        has_result = True
             mask <<= 1
     if has_result:
         backend.finish(op, out, r if exclusive else r + 1)

@@ -20,7 +20,9 @@ cumulative reduction (numpy.ufunc.accumulate), bitwise, floats included.
 
 Inclusive: each rank receives the prefix straight into its result and combines its own data
 in place. Exclusive: the received prefix is the result; the prefix passed on goes through one
-scratch buffer.
+scratch buffer. In place (the result is the input, MPI_IN_PLACE) the prefix arrives in scratch
+instead, since the input is still to be read; the last rank of an exclusive scan, which passes
+nothing on, still receives straight into its result.
 """
 
 from __future__ import annotations
@@ -45,25 +47,31 @@ def chain_segments(length: int, itemsize: int, world_size: int) -> list[tuple[in
 
 
 def scan_ring(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, op: str, exclusive: bool) -> Steps:
-    """Prefix-reduce flat `src` into flat `out` (not overlapping `src`): over ranks 0..r, or with
-    `exclusive` over 0..r-1 (rank 0's `out` is then left alone)."""
+    """Prefix-reduce flat `src` into flat `out` (apart from `src`, or `src` itself): over ranks
+    0..r, or with `exclusive` over 0..r-1 (rank 0's `out` is then left alone)."""
     p, r = ring.size, ring.rank
     parts = chain_segments(src.size, src.itemsize, p)
+    in_place = out is not None and backend.may_share_memory(src, out)
     if r == 0:
-        if not exclusive:
+        if not exclusive and not in_place:
             backend.copy(out, src)
         if p > 1:
             yield from [ring.post(backend, tag, sends=[(src[lo:hi], 1)]) for lo, hi in parts]
         return  # (avg over one rank: nothing to divide)
     last = r == p - 1
-    with ring.scratch(backend, src.size if exclusive and not last else 0, src.dtype) as ahead:
+    aside = in_place and not (exclusive and last)  # the prefix arrives in scratch: src is still to be read
+    with ring.scratch(backend, src.size if exclusive and not last else 0, src.dtype) as ahead, \
+            ring.scratch(backend, src.size if aside else 0, src.dtype) as arrived:
         forward = ahead if exclusive else out  # what rank r+1 gets: the prefix over 0..r
-        arrivals = [ring.post(backend, tag, receives=[(out[lo:hi], r - 1)]) for lo, hi in parts]
+        into = arrived if aside else out
+        arrivals = [ring.post(backend, tag, receives=[(into[lo:hi], r - 1)]) for lo, hi in parts]
         sends = []
         for (lo, hi), arrival in zip(parts, arrivals, strict=True):
             yield arrival
             if not (exclusive and last):
-                backend.combine(op, out[lo:hi], src[lo:hi], forward[lo:hi])
+                backend.combine(op, into[lo:hi], src[lo:hi], forward[lo:hi])
+            if exclusive and aside:  # the result, once src was read for the prefix passed on
+                backend.copy(out[lo:hi], into[lo:hi])
             if not last:
                 sends.append(ring.post(backend, tag, sends=[(forward[lo:hi], r + 1)]))
         yield from sends
