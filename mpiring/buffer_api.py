@@ -535,19 +535,23 @@ def add_uppercase(owner: type) -> None:
     way; only what C leaves goes to BufferAPI's parse."""
     for name, function in vars(BufferAPI).items():
         if name[:1].isupper():
-            setattr(owner, name, _uppercase(owner, function))
+            setattr(owner, name, uppercase(owner, function))
 
 
-def _uppercase(owner: type, function: Callable[..., Any]) -> Callable[..., Any]:
+def uppercase(owner: type, function: Callable[..., Any], served: str = "") -> Callable[..., Any]:
+    """`owner`'s method of BufferAPI `function`'s name, signature and docstring, on the Communicator
+    `self.<served>` (`self` itself where `served` is empty; mpiring.dropin's Intracomm: `_mpiring`):
+    a forward to its `_buffers`, which a blocking call of COMMON_FORMS takes only where C cannot
+    read its specs."""
     name = function.__name__
     if name not in COMMON_FORMS or COMMON_CALL is None:
-        return entry_points.forward(owner, function, "_buffers", owner.__module__)
+        return entry_points.forward(owner, function, f"{served}._buffers" if served else "_buffers", owner.__module__)
     parameters = entry_points.parameters_of(function)
     given = {p.name for p in parameters}
     send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
     read = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
-                      "root" if "root" in given else "None", "self.rank", "self.size"))
-    body = (f"call = common_call({read})\n    if call is None:\n"
-            f"        return self._buffers.{name}({entry_points.arguments_of(parameters)})\n    self._blocking(*call)")
+                      "root" if "root" in given else "None", "comm.rank", "comm.size"))
+    body = (f"comm = self{'.' + served if served else ''}\n    call = common_call({read})\n    if call is None:\n"
+            f"        return comm._buffers.{name}({entry_points.arguments_of(parameters)})\n    comm._blocking(*call)")
     return entry_points.method(owner, name, parameters, body, function.__doc__ or "", "None", owner.__module__,
                                {"common_call": COMMON_CALL})

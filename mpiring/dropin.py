@@ -28,7 +28,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring import entry_points
-from mpiring.buffer_api import DROPIN
+from mpiring.buffer_api import DROPIN, BufferAPI, uppercase
 from mpiring.communicator import Communicator
 
 
@@ -116,10 +116,12 @@ def _dropin(comm: MPI.Intracomm) -> Any:
     return Intracomm(comm)
 
 
-# `Intracomm.<name>`: the same method of the mpiring Communicator that serves it
+# `Intracomm.<name>`: the same method of the mpiring Communicator that serves it (a blocking one
+# with that method's reading of the common forms in C inline: one Python call fewer per call)
 for _row in DROPIN:
     _name = _row[0]
-    for _form in (_name, "I" + _name[0].lower() + _name[1:], f"{_name}_init"):
+    setattr(Intracomm, _name, uppercase(Intracomm, getattr(BufferAPI, _name), served="_mpiring"))
+    for _form in ("I" + _name[0].lower() + _name[1:], f"{_name}_init"):
         setattr(Intracomm, _form, entry_points.forward(Intracomm, getattr(Communicator, _form), "_mpiring", __name__))
 del _row, _name, _form
 
