@@ -497,7 +497,7 @@ _DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
 # form, and every error, is the Python parse's. `Communicator`'s own blocking method of each asks
 # COMMON_CALL first, and forwards here only where it returns None (None too where C was not built).
 COMMON_FORMS = {"Bcast": 0, "Reduce": 1, "Allreduce": 2, "Gather": 3, "Allgather": 4, "Scatter": 5, "Alltoall": 6,
-                "Scan": 7, "Exscan": 8, "Alltoallv": 9}
+                "Scan": 7, "Exscan": 8, "Alltoallv": 9, "Reduce_scatter_block": 10}
 COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in OPS}, MPI.IN_PLACE, IN_PLACE_ALLTOALL)
 
 

@@ -107,7 +107,7 @@ def _parse(parser: buffer_api.BufferAPI, name: str, sendbuf: object, recvbuf: ob
                  "Gather": (sendbuf, recvbuf, root), "Allgather": (sendbuf, recvbuf),
                  "Scatter": (sendbuf, recvbuf, root), "Alltoall": (sendbuf, recvbuf),
                  "Scan": (sendbuf, recvbuf, op, "scan"), "Exscan": (sendbuf, recvbuf, op, "exscan"),
-                 "Alltoallv": (sendbuf, recvbuf)}[name]
+                 "Alltoallv": (sendbuf, recvbuf), "Reduce_scatter_block": (sendbuf, recvbuf, op)}[name]
     parse = {"Scan": "_parse_scan", "Exscan": "_parse_scan"}.get(name, f"_parse_{name.lower()}")
     try:
         return getattr(parser, parse)(*arguments)

@@ -9,9 +9,10 @@
 
 /* What each uppercase collective is, in dropin_call's first argument (buffer_api.COMMON_FORMS) */
 enum { D_BCAST, D_REDUCE, D_ALLREDUCE, D_GATHER, D_ALLGATHER, D_SCATTER, D_ALLTOALL, D_SCAN, D_EXSCAN, D_ALLTOALLV,
-       D_KINDS };
+       D_REDUCE_SCATTER, D_KINDS };
 static const char *const lowercase[D_KINDS] = {"broadcast", "reduce",   "allreduce", "gather", "allgather",
-                                               "scatter",   "alltoall", "scan",      "exscan", "alltoallv"};
+                                               "scatter",   "alltoall", "scan",      "exscan", "alltoallv",
+                                               "reduce_scatter"};
 static PyObject *names[D_KINDS]; /* the lowercase names, interned */
 static PyObject *op_names;       /* {id(op): (op, name)}: mpi4py's predefined ops (dropin_tables) */
 static PyObject *in_place;       /* MPI.IN_PLACE */
@@ -214,7 +215,7 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     int rooted = kind == D_BCAST || kind == D_REDUCE || kind == D_GATHER || kind == D_SCATTER;
-    int reduces = kind == D_REDUCE || kind == D_ALLREDUCE || kind == D_SCAN || kind == D_EXSCAN;
+    int reduces = kind == D_REDUCE || kind == D_ALLREDUCE || kind == D_SCAN || kind == D_EXSCAN || kind == D_REDUCE_SCATTER;
     Py_ssize_t at = -1;
     if (rooted) {
         at = PyLong_CheckExact(root) ? PyLong_AsSsize_t(root) : -1;
@@ -279,6 +280,13 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     case D_ALLTOALLV:
         alltoallv_of(sendbuf, recvbuf, size, &x, &out, &counts);
         break;
+    case D_REDUCE_SCATTER: /* Reduce_scatter_block with buffers apart (in place: the parse copies the result) */
+        if (sendbuf == in_place || sendbuf == Py_None || (out = elements(recvbuf, 1)) == NULL)
+            break;
+        x = elements(sendbuf, size);
+        if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))
+            Py_CLEAR(x);
+        break;
     }
     if (x == NULL || out == NULL) {
         Py_XDECREF(x);
@@ -287,8 +295,8 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (kind == D_GATHER || kind == D_ALLGATHER || kind == D_SCATTER) {
-        counts = even_counts(kind == D_SCATTER ? length_of(out) : length_of(x), size);
+    if (kind == D_GATHER || kind == D_ALLGATHER || kind == D_SCATTER || kind == D_REDUCE_SCATTER) {
+        counts = even_counts(kind == D_SCATTER || kind == D_REDUCE_SCATTER ? length_of(out) : length_of(x), size);
         if (counts == NULL) {
             Py_DECREF(x);
             Py_DECREF(out);
