@@ -14,7 +14,7 @@ from typing import Any
 import numpy
 
 from mpiring import identity
-from mpiring.algorithms import ALGORITHMS
+from mpiring.algorithms import ALGORITHMS, IN_PLACE
 from mpiring.algorithms.allgather_bruck import allgather_bruck
 from mpiring.algorithms.allgather_node_leader import allgather_node_leader
 from mpiring.algorithms.broadcast_binomial import broadcast_binomial
@@ -343,11 +343,11 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
 
 def alltoall(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any) -> Steps:
     """Block j of `x` (axis 0 cut in size equal parts) goes to rank j; block i of the result came
-    from rank i. In place (out is x) where the algorithm asked for is pairwise."""
-    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=call.algorithm == "pairwise")
+    from rank i."""
+    algorithm = _algorithm(ring, call, x.nbytes)
+    target = Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=(call.collective, call.algorithm) in IN_PLACE)
     block = x.size // ring.size
     bounds = [k * block for k in range(ring.size + 1)]
-    algorithm = _algorithm(ring, call, x.nbytes)
     yield from algorithm(ring, backend, call.tag, backend.flat(x), bounds, target.flat, bounds)
     return target.result()
 
@@ -372,10 +372,10 @@ def _alltoallv_after_counts(ring: Ring, backend: NumpyBackend, call: Call, x: An
 def _alltoallv_counts(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, send_counts: list[int],
                       recv_counts: list[int]) -> Steps:
     row = _row_size(x.shape)
-    in_place_ok = call.algorithm == "pairwise" and send_counts == recv_counts  # (pairwise: in place too)
+    algorithm = _algorithm(ring, call, 0)  # the ranks' sizes differ; one algorithm serves every size
+    in_place_ok = (call.collective, call.algorithm) in IN_PLACE and send_counts == recv_counts
     target = Output(backend, out, (sum(recv_counts), *x.shape[1:]), x.dtype, source=x, in_place_ok=in_place_ok)
     send_bounds, recv_bounds = bounds_from_counts(send_counts, row), bounds_from_counts(recv_counts, row)
-    algorithm = _algorithm(ring, call, 0)  # the ranks' sizes differ; one algorithm serves every size
     yield from algorithm(ring, backend, call.tag, backend.flat(x), send_bounds, target.flat, recv_bounds)
     return target.result()
 
@@ -411,8 +411,7 @@ def scan(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: str, out: An
         return (yield from in_float32(scan, ring, backend, call, x, out, op=op, exclusive=exclusive))
     empty = exclusive and ring.rank == 0  # takes part, but has no result
     algorithm = _algorithm(ring, call, x.nbytes)
-    # in place (out is x) for the flat algorithms, which read each element of x before they write it
-    in_place_ok = call.algorithm in ("ring", "recursive_doubling")
+    in_place_ok = (call.collective, call.algorithm) in IN_PLACE
     target = None if empty else Output(backend, out, x.shape, x.dtype, source=x, in_place_ok=in_place_ok)
     yield from algorithm(ring, backend, call.tag, backend.flat(x), None if empty else target.flat, op, exclusive)
     return None if empty else target.result()

@@ -95,4 +95,9 @@ ALGORITHMS: dict[str, dict[str, Callable]] = {
     "exscan": {"ring": scan_ring, "recursive_doubling": scan_recursive_doubling, "node_leader": scan_node_leader},
 }
 
+# The algorithms that take their output as their input (out=x, MPI_IN_PLACE): each reads every
+# element of the input before it writes there. Any other runs on a copy (collectives.Output).
+IN_PLACE = {("alltoall", "pairwise"), ("alltoallv", "pairwise"), ("scan", "ring"), ("scan", "recursive_doubling"),
+            ("exscan", "ring"), ("exscan", "recursive_doubling")}
+
 DEFAULT_ALGORITHM = "auto"  # mpiring.selection picks by message and world size

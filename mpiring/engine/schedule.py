@@ -39,6 +39,7 @@ from mpiring.backend import NUMPY
 from mpiring.engine import native
 from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
+from mpiring.engine.tags import numbered
 from mpiring.engine.transport import Call, Step, Traffic
 from mpiring.engine.waiting import no_notice
 from mpiring.ops import UFUNC_NAMES
@@ -283,16 +284,11 @@ class Schedule(Recording):
         program = self.compiled
         if calls is not None:
             self._runs += 1
-            base, shift, mask = self.sequence
-            if mask:  # tags.with_sequence, inline (as replay_c/run.c numbers them)
-                field, number = mask << shift, (calls & mask) << shift
-                tag = self.call.tag
-                if tag >= base:
-                    tag = self.call.tag = base + ((tag - base) & ~field | number)
-                    if program is not None:
-                        program.tag = tag
-                if self.notice >= 0:
-                    self._notice_now = base + ((self.notice - base) & ~field | number)
+            tag = self.call.tag = numbered(self.sequence, self.call.tag, calls)
+            if program is not None:
+                program.tag = tag
+            if self.notice >= 0:
+                self._notice_now = numbered(self.sequence, self.notice, calls)
         if program is not None:  # (it reads their addresses itself)
             program.bind(x, out, None, None)
         else:  # the Python replay posts its messages on byte views of them

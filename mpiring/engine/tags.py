@@ -92,11 +92,7 @@ class Tags:
 
     def with_sequence(self, tag: int, calls: int) -> int:
         """A blocking tag made for one call, for the call numbered `calls` (a schedule's replay)."""
-        if not self.is_blocking(tag):
-            return tag
-        mask = self._sequence_mask << self.sequence_shift
-        offset = tag - self._blocking
-        return self._blocking + ((offset & ~mask) | (calls & self._sequence_mask) << self.sequence_shift)
+        return numbered(self.numbering(tag), tag, calls)
 
     def notice(self, failures: int, calls: int = 0) -> int | None:
         """The tag of a notice from a rank that has seen `failures` failed calls, that it left the
@@ -140,3 +136,13 @@ class Tags:
             return None
         offset, base = (tag - 1, 0) if tag < self._persistent else (tag - self._persistent, 1 << 32)
         return base + (offset >> KIND_BITS), offset & ((1 << KIND_BITS) - 1)
+
+
+def numbered(numbering: tuple[int, int, int], tag: int, calls: int) -> int:
+    """`tag` for the call numbered `calls`, by a recorded call's `numbering` (Tags.numbering:
+    replay_c/run.c's `numbered` is the same); a tag below its base, or a numbering without a
+    mask, carries no number."""
+    base, shift, mask = numbering
+    if not mask or tag < base:
+        return tag
+    return base + ((tag - base) & ~(mask << shift) | (calls & mask) << shift)
