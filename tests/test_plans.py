@@ -683,6 +683,31 @@ def test_a_replay_waits_past_the_compiled_spin_for_a_late_rank(replay_comm):
     _assert_replays_in(replay_comm, _wait_for_late_ranks(replay_comm, 3, 5 * YIELD_SECONDS))
 
 
+@pytest.mark.skipif(N < 2, reason="needs a late rank")
+def test_a_call_found_in_python_runs_in_c_and_waits_for_a_late_rank(replay_comm):
+    """A cached call the C Shortcut leaves to Python (a per-call timeout, an x that is not
+    contiguous) is still replayed by its schedule, in C where it was compiled (Program.call),
+    and a rank later than the C spin hands the wait to Python, which finishes the call right."""
+    comm = replay_comm
+    base = np.arange(10.0) * (RANK + 1)
+    want = np.arange(0.0, 10.0, 2) * (N * (N + 1) // 2)
+    out = np.empty(5)
+    for seed in range(2):  # recorded
+        assert_same(comm.allreduce(base[::2], out=out, timeout=60), want, f"call {seed}")
+    schedule = comm.plan_of("allreduce", np.empty(5), out)
+    _assert_replays_in(comm, schedule)
+    runs = schedule.runs
+    for late in range(3):
+        if RANK == late % N:
+            time.sleep(3 * YIELD_SECONDS)
+        fresh = np.empty(5)
+        assert comm.allreduce(base[::2], out=fresh, timeout=60) is fresh
+        assert_same(fresh, want, f"late {late}")
+    assert schedule.runs == runs + 3
+    if schedule.compiled is not None:  # the arrays went back to the caller: none kept
+        assert schedule.compiled.x is None and schedule.compiled.out is None and schedule.x is None
+
+
 @pytest.mark.parametrize("busy", [True, False], ids=["busy poll", "offer the core"])
 def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy):
     """MPIRING_BUSY_POLL (else: whether the node has a core per rank) decides whether waits

@@ -279,6 +279,15 @@ class Engine:
             # A cached schedule runs only for the thread the ring serves while it is usable, checked
             # on the way in (run_in_python); a call of the owner's that failed also empties the cache.
             if known.__class__ is Schedule:
+                program = known.compiled
+                if program is not None and self.check is None and not self.hot.in_flight:
+                    # in C, as the Shortcut runs its hits (it binds x and out, or leaves them to the rest here)
+                    limit = self.hot.timeout if timeout is None else self.limit(collective, timeout)
+                    known.call.timeout = limit  # (what a run that stopped resumes with)
+                    spin = -1.0 if limit is None else limit if limit < YIELD_SECONDS else YIELD_SECONDS
+                    result = program.call(self.hot, x, out, spin, self._after_program_call)
+                    if result is not NotImplemented:
+                        return result
                 if known.fits(x, out):
                     return self._replay(known, collective, x, out, op, root, counts, timeout)
                 if out is not None and known.own_offset < 0 and inside(x, out):
@@ -300,7 +309,7 @@ class Engine:
         # the call count keeps the ranks' sequence numbers together, as a built call does, and
         # dates the schedule's use (the least recently used is evicted first)
         hot = self.hot
-        hot.calls = calls = schedule.used = hot.calls + 1
+        hot.calls = calls = hot.calls + 1
         if hot.in_flight:
             self._check_aliasing(collective, x, out)
         if self.check is not None:
@@ -441,20 +450,36 @@ class Engine:
 
     def _after_shortcut(self, program: Any, stopped: tuple[int, int, int] | None, spin: float,
                         error: BaseException | None) -> Any:
-        """Python takes over a cached call the C Shortcut ran: it stopped waiting after `spin`
-        seconds, or saw a wrong size or an MPI error (`stopped`), or recorded work raised `error`."""
+        """Python takes over a cached call the C Shortcut ran (with the default timeout): it
+        stopped waiting after `spin` seconds, or saw a wrong size or an MPI error (`stopped`), or
+        recorded work raised `error`."""
+        try:
+            return self._after_c_run(program.schedule, self.timeout, stopped, spin, error)
+        except BaseException as failure:
+            self._blocking_failed(failure)
+            raise
+
+    def _after_program_call(self, program: Any, stopped: tuple[int, int, int] | None, spin: float,
+                            error: BaseException | None) -> Any:
+        """The same for a cached call found in Python and run by `Program.call` (its timeout on
+        the call); `_on_host_arrays` handles a failure."""
         schedule = program.schedule
+        return self._after_c_run(schedule, schedule.call.timeout, stopped, spin, error)
+
+    def _after_c_run(self, schedule: Schedule, timeout: float | None, stopped: tuple[int, int, int] | None,
+                     spin: float, error: BaseException | None) -> Any:
         try:
             if error is not None:
                 raise error
-            result = resume_recorded(self.ring, schedule, self.timeout, stopped, spin)
-            if schedule.stale:
-                self._forget(schedule)
-            return result
-        except BaseException as failure:
+            result = resume_recorded(self.ring, schedule, timeout, stopped, spin)
+        except BaseException:
             self.ring.abandoned.append(schedule.bound_roots())  # MPI may still use the call's arrays
-            self._blocking_failed(failure)
             raise
+        finally:
+            schedule.unbind()  # (the arrays the Python replay took from C's binding; C lets them go too)
+        if schedule.stale:
+            self._forget(schedule)
+        return result
 
     def _blocking_failed(self, error: BaseException) -> None:
         """A blocking call raised `error`: its peers hear of it, the ring takes new tags. Under

@@ -200,41 +200,81 @@ def _same_or_apart(a: np.ndarray, b: np.ndarray) -> bool:
     return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] or not np.shares_memory(a, b)
 
 
-def python_form(spec: tuple) -> tuple:
-    """A work spec as the Python replay runs it, decoded once: (kind, ufunc, dtype, out, a, b,
-    divisor, expected), each operand (root, byte slice) in the roots' byte views."""
+def python_form(spec: tuple, roots: list) -> tuple:
+    """A work spec as the Python replay runs it, decoded once against `roots` (the flat arrays its
+    roots stand for, as recorded: their dtypes and sizes, which every binding shares): (kind,
+    ufunc, divisor or expected bytes, out, a, b), each operand (root, index, dtype) as
+    `_operand` resolves it on a call's roots."""
     kind, op_code, dtype_code, out_ref, a_ref, b_ref, n, divisor = spec[:8]
     if kind == WORK_EXPECT:
-        return kind, None, None, _span(out_ref, n), None, None, 0, spec[8]
-    if kind == WORK_COPY:
-        return kind, None, None, _span(out_ref, n), _span(a_ref, n), None, 0, None
+        return kind, None, spec[8], _operand_of(roots, out_ref, n, _UINT8), _NO_OPERAND, None
+    if kind == WORK_COPY:  # bytes: in the out root's dtype where that moves whole elements
+        dtype = roots[out_ref[0]].dtype if out_ref[0] >= 0 else _UINT8
+        dtype = dtype if n % dtype.itemsize == 0 else _UINT8
+        return kind, None, None, _operand_of(roots, out_ref, n, dtype), _operand_of(roots, a_ref, n, dtype), None
     dtype = _DTYPES[dtype_code]
     nbytes = n * dtype.itemsize
+    out, a = _operand_of(roots, out_ref, nbytes, dtype), _operand_of(roots, a_ref, nbytes, dtype)
     if kind == WORK_DIVIDE:
-        return kind, np.true_divide, dtype, _span(out_ref, nbytes), _span(a_ref, nbytes), None, divisor, None
+        return kind, np.true_divide, divisor, out, a, None
     ufunc = getattr(np, UFUNC_NAMES[_OP_NAMES[op_code]])
-    return kind, ufunc, dtype, _span(out_ref, nbytes), _span(a_ref, nbytes), _span(b_ref, nbytes), 0, None
+    return kind, ufunc, None, out, a, _operand_of(roots, b_ref, nbytes, dtype)
 
 
-def _span(ref: tuple[int, int], nbytes: int) -> tuple[int, slice]:
+_UINT8 = np.dtype(np.uint8)
+_NO_OPERAND = (-1, None, None)
+
+
+def _operand_of(roots: list, ref: tuple[int, int], nbytes: int, dtype: np.dtype) -> tuple:
+    """How the Python replay finds the `nbytes` at `ref` as `dtype`: (root, None, None) the whole
+    root; (root, slice, None) elements of it, where its dtype is `dtype`; (root, byte slice,
+    dtype) a byte range viewed so; (-1, the view, None) a view made now, of an array the schedule
+    owns (roots 2 on: they stay)."""
     root, offset = ref
-    return root, slice(offset, offset + nbytes)
-
-
-def work_in_python(byte_roots: list, form: tuple) -> None:
-    """A work spec's arithmetic in NumPy (its `python_form`), on byte views of the arrays the
-    roots stand for: what the C replay does, in the Python replay."""
-    kind, ufunc, dtype, (out_root, out_bytes), a, b, divisor, expected = form
-    if kind == WORK_COPY:
-        byte_roots[out_root][out_bytes] = byte_roots[a[0]][a[1]]
-    elif kind == WORK_EXPECT:
-        if byte_roots[out_root][out_bytes].tobytes() != expected:
-            raise LayoutChanged
-    elif kind == WORK_DIVIDE:
-        ufunc(byte_roots[a[0]][a[1]].view(dtype), divisor, out=byte_roots[out_root][out_bytes].view(dtype))
+    array = roots[root]
+    size = dtype.itemsize
+    if array.dtype == dtype and offset % size == 0:
+        start, stop = offset // size, (offset + nbytes) // size
+        operand = (root, None if start == 0 and stop == array.size else slice(start, stop), None)
     else:
-        ufunc(byte_roots[a[0]][a[1]].view(dtype), byte_roots[b[0]][b[1]].view(dtype),
-              out=byte_roots[out_root][out_bytes].view(dtype))
+        operand = (root, slice(offset, offset + nbytes), dtype)
+    if root < 2:
+        return operand
+    return -1, _operand(roots, operand), None
+
+
+def _operand(roots: list, operand: tuple) -> Any:
+    root, index, dtype = operand
+    if root < 0:
+        return index
+    array = roots[root]
+    if index is None:
+        return array
+    return array[index] if dtype is None else array.view(_UINT8)[index].view(dtype)
+
+
+def work_in_python(roots: list, form: tuple) -> None:
+    """A work spec's arithmetic in NumPy (its `python_form`) on the flat arrays the roots stand
+    for now: what the C replay does, in the Python replay. (`_operand`, inline where common.)"""
+    kind, ufunc, extra, out, a, b = form
+    root, index, dtype = out
+    out = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
+        else _operand(roots, out)
+    root, index, dtype = a
+    a = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
+        else _operand(roots, a)
+    if kind == WORK_OP:
+        root, index, dtype = b
+        b = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
+            else _operand(roots, b)
+        ufunc(a, b, out=out)
+    elif kind == WORK_COPY:
+        out[...] = a
+    elif kind == WORK_EXPECT:
+        if out.tobytes() != extra:
+            raise LayoutChanged
+    else:
+        ufunc(a, extra, out=out)
 
 
 # ---- programs ----
@@ -314,12 +354,12 @@ def start(program: Any, index: int) -> None:
 def shortcut(hot: Any, in_python: Any, after: Any, yield_seconds: float) -> Any:
     """A blocking call that takes a compiled schedule from `hot.programs` (layout key -> Program)
     without running Python (`Shortcut` in replay_c/shortcut.c), and otherwise calls `in_python`
-    with the same arguments; `in_python` itself where the extension was not built or cannot reach
-    the MPI library.
+    with the same arguments; `in_python` itself where schedules replay in Python (`enabled`: the
+    extension was not built, cannot reach the MPI library, or MPIRING_COMPILED=0).
     It reads and counts in the communicator's HotState `hot` (its thread, default timeout, calls in
     flight, call count and traffic), and hands a call that stopped or raised to `after`
     (Engine._after_shortcut)."""
-    if not available():
+    if not enabled():
         return in_python
     return _replay.Shortcut(hot, np.ndarray, in_python, after, yield_seconds)
 

@@ -37,7 +37,6 @@ from typing import Any
 import numpy
 
 from mpiring.backend import NUMPY
-from mpiring.engine import native
 from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Step, Steps, Traffic, without_posted
 from mpiring.ops import AVG
@@ -265,22 +264,13 @@ class Recording:
         self.do(self.exchanges[index].after_in_python)
 
     def do(self, works: tuple) -> None:
-        """Work in the Python replay: each a call, or a C spec's arithmetic in NumPy on the bound
-        arrays' bytes (native.python_form)."""
-        if not works:
-            return
-        byte_roots = None
+        """Work in the Python replay: calls (of the arrays bound now)."""
         for work in works:
-            if callable(work):
-                work()
-            else:
-                if byte_roots is None:
-                    byte_roots = self.byte_roots()
-                native.work_in_python(byte_roots, work)
+            work()
 
-    def byte_roots(self) -> list:
-        """Byte views of the arrays its work specs name (a binding by layout has them)."""
-        raise NotImplementedError
+    def take_bound_arrays(self) -> None:
+        """The Python replay is to carry on a run whose arrays the C replay bound itself (a
+        recording bound for life has none to take)."""
 
     def start_messages(self, index: int) -> None:
         raise NotImplementedError

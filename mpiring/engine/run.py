@@ -79,8 +79,10 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
                     item()
         elif ring.in_flight:
             _exchanges_advancing_others(ring, recorded)
-        elif program is None:
-            run_exchanges(ring, recorded, 0, started=False)
+        elif program is None:  # run_exchanges, inline
+            if recorded.prologue_in_python:
+                recorded.prologue()
+            _exchanges_in_python(ring, recorded, 0, False, 0.0)
         else:
             spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
             stopped = program.run(0, False, spin)
@@ -140,6 +142,7 @@ def resume_exchanges(ring: Ring, recorded: Any, stopped: tuple[int, int, int], s
         return
     if reason != native.STOPPED_WAITING:
         _raise_stopped(ring, recorded, first, code)
+    recorded.take_bound_arrays()
     _exchanges_in_python(ring, recorded, first, True, spin)
 
 

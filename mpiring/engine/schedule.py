@@ -39,7 +39,7 @@ from mpiring.backend import NUMPY
 from mpiring.engine import native
 from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
-from mpiring.engine.tags import numbered
+from mpiring.engine.tags import numbered_pair
 from mpiring.engine.transport import Call, Step, Traffic
 from mpiring.engine.waiting import no_notice
 from mpiring.ops import UFUNC_NAMES
@@ -97,13 +97,12 @@ class _Roots:
 
 
 class _Message:
-    __slots__ = ("index", "receive", "array", "nbytes", "peer", "tag", "ref", "span")
+    __slots__ = ("index", "receive", "array", "nbytes", "peer", "tag", "ref")
 
     def __init__(self, index: int, receive: bool, array: Any, peer: int, tag: int) -> None:
         self.index, self.receive, self.array, self.peer, self.tag = index, receive, array, peer, tag
         self.nbytes = array.nbytes
         self.ref: Ref = _NOWHERE
-        self.span = (0, 0)  # (bytes, byte offset) in its root: how the Python replay names its buffer to MPI
 
 
 class _LayoutPoint(Exception):
@@ -184,16 +183,23 @@ class Schedule(Recording):
         self.items = (0 if x is None else x.size, roots.arrays[ROOT_OUT].size if self.allocate is not None
                       else 0 if out is None else out.size)
         self.owned = tuple(roots.arrays[2:])
+        # the Python replay's roots: flat views of the arrays bound now (x, out) and of its own
+        self._roots: list[numpy.ndarray | None] = [None if a is None else _flat(a) for a in roots.arrays]
         prologue, exchanges = fuse(recorder)
         for exchange in exchanges:
             for message in exchange.messages:
                 message.ref = roots.ref(message.array)
-                message.span = (message.nbytes, message.ref[1])
                 message.tag -= call.tag
                 message.array = None  # bound per call from here on
             exchange.during = self._works_of(exchange.during, roots)
             exchange.after = self._works_of(exchange.after, roots)
-        self._exchanges_from(self._works_of(prologue, roots), exchanges, _in_python)
+        self._exchanges_from(self._works_of(prologue, roots), exchanges, partial(_in_python, self._roots))
+        self._roots[ROOT_X] = self._roots[ROOT_OUT] = None
+        # how the Python replay posts each exchange's messages: (request index, Irecv or Isend,
+        # root, (bytes, byte offset) in it, peer, tag past the call's)
+        self._posts = tuple(tuple((m.index, ring.comm.Irecv if m.receive else ring.comm.Isend, m.ref[0],
+                                   (m.nbytes, m.ref[1]), m.peer, m.tag) for m in exchange.messages)
+                            for exchange in exchanges)
         # where in out a bound x may lie rather than apart from it (-1: nowhere): `_own_block`
         self.own_offset = -1 if self.allocate is not None or not self.x_bytes else _own_block(self)
         self.x = self.out = None  # the arrays bound now (the Python replay's; the C one keeps its own)
@@ -204,8 +210,6 @@ class Schedule(Recording):
         notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
         self._notice_now = self.notice  # the notice of the blocking run bound now (`bind` numbers it)
-        self._bytes: list[numpy.ndarray | None] = [None, None,
-                                                   *(None if a is None else _as_bytes(a) for a in self.owned)]
         self.compiled = native.program(self, ring.busy_poll)
 
     @staticmethod
@@ -265,35 +269,37 @@ class Schedule(Recording):
 
     def free(self) -> None:
         super().free()
-        self._bytes = []
+        self._roots, self._posts = [], ()
 
     # ---- binding ----
 
     def fits(self, x: Any, out: Any) -> bool:
-        """Whether these arrays (of its layout key) can be bound: `bindable`, and of the recorded
-        sizes. Otherwise the call runs unrecorded."""
-        return ((x is None or x.nbytes == self.x_bytes) and (out is None or out.nbytes == self.out_bytes)
-                and bindable(x, out, self.own_offset))
+        """Whether arrays of its layout key (so of its recorded sizes) can be bound (`bindable`).
+        Otherwise the call runs unrecorded."""
+        return bindable(x, out, self.own_offset)
 
     def bind(self, x: Any, out: Any, calls: int | None = None) -> None:
         """Bind a call's arrays (checked by `fits`): out is made here when the call gives none.
-        With `calls`, a blocking run numbered so: its tag carries the number, and it counts as a run."""
+        With `calls`, a blocking run numbered so: its tag and its notice's carry the number, and
+        it counts as a run, used now (the cache's date)."""
         if out is None and self.allocate is not None:
             out = self.allocate()
-        self.x, self.out = x, out
         program = self.compiled
         if calls is not None:
             self._runs += 1
-            tag = self.call.tag = numbered(self.sequence, self.call.tag, calls)
+            call = self.call
+            call.tag, self._notice_now = numbered_pair(self.sequence, call.tag, self.notice, calls)
             if program is not None:
-                program.tag = tag
-            if self.notice >= 0:
-                self._notice_now = numbered(self.sequence, self.notice, calls)
+                program.tag = call.tag
+            if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
+                self.used = calls
+        self.x, self.out = x, out
         if program is not None:  # (it reads their addresses itself)
             program.bind(x, out, None, None)
-        else:  # the Python replay posts its messages on byte views of them
-            self._bytes[ROOT_X] = None if x is None else _as_bytes(x)
-            self._bytes[ROOT_OUT] = None if out is None else _as_bytes(out)
+        # the Python replay posts its messages and does its work on flat views of them
+        roots = self._roots
+        roots[ROOT_X] = x if x is None or x.ndim == 1 else x.reshape(-1)
+        roots[ROOT_OUT] = out if out is None or out.ndim == 1 else out.reshape(-1)
 
     def no_notice(self, ring: Ring) -> None:
         """Raise if a peer left the blocking run bound last (waiting.no_notice: its one MPI_Iprobe here)."""
@@ -302,7 +308,7 @@ class Schedule(Recording):
 
     def unbind(self) -> None:
         self.x = self.out = None
-        self._bytes[ROOT_X] = self._bytes[ROOT_OUT] = None
+        self._roots[ROOT_X] = self._roots[ROOT_OUT] = None
         if self.compiled is not None:
             self.compiled.unbind()
 
@@ -343,23 +349,20 @@ class Schedule(Recording):
 
     # ---- the Python replay (run.run_exchanges drives it; replay_c/run.c does the same) ----
 
-    def byte_roots(self) -> list:
-        if self.compiled is None:
-            return self._bytes
-        # a C replay handed back: it bound x and out itself
-        return [None if a is None else _as_bytes(a) for a in self.bound_roots()[:2]] + self._bytes[2:]
+    def take_bound_arrays(self) -> None:
+        program = self.compiled
+        roots = self._roots
+        roots[ROOT_X] = None if program.x is None else _flat(program.x)
+        roots[ROOT_OUT] = None if program.out is None else _flat(program.out)
 
     def start_messages(self, index: int) -> None:
         program = self.compiled
         if program is not None:
             native.start(program, index)
             return
-        exchange = self.exchanges[index]
-        requests, comm, tag, roots = exchange.step.requests, self.comm, self.call.tag, self._bytes
-        for m in exchange.messages:
-            root = m.ref[0]
-            buf = _EMPTY if root < 0 else roots[root]
-            requests[m.index] = (comm.Irecv if m.receive else comm.Isend)([buf, m.span, _BYTE], m.peer, tag + m.tag)
+        requests, tag, roots = self.exchanges[index].step.requests, self.call.tag, self._roots
+        for position, post, root, span, peer, tag_offset in self._posts[index]:
+            requests[position] = post([_EMPTY if root < 0 else roots[root], span, _BYTE], peer, tag + tag_offset)
 
     def messages_only(self, x: Any, out: Any) -> Any:
         """Its messages alone, compiled and bound to these arrays (requests.MessagesOnly); None in Python."""
@@ -391,12 +394,15 @@ def bindable(x: Any, out: Any, own_offset: int = -1) -> bool:
         return False
     if out is None:
         return True
-    if not (out.__class__ is _NDARRAY and out.flags.c_contiguous and out.flags.writeable):
+    if out.__class__ is not _NDARRAY:
         return False
-    if x is None or x is out or not numpy.may_share_memory(x, out):  # (contiguous: their bounds tell)
+    flags = out.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    # two arrays that each own their memory are apart (cheaper to tell than their bounds)
+    if x is None or x is out or (flags.owndata and x.flags.owndata) or not numpy.may_share_memory(x, out):
         return True
     return own_offset >= 0 and _address(x) - _address(out) == own_offset
-
 
 def inside(x: Any, out: Any) -> bool:
     """Whether x lies wholly inside out (both C-contiguous NumPy arrays, x not out): an in-place
@@ -449,8 +455,8 @@ def _own_block(schedule: Schedule) -> int:
     return own
 
 
-def _as_bytes(a: numpy.ndarray) -> numpy.ndarray:
-    return a.reshape(-1).view(numpy.uint8)
+def _flat(a: numpy.ndarray) -> numpy.ndarray:
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray]:
@@ -459,9 +465,10 @@ def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray
     return partial(numpy.empty, shape, dtype)
 
 
-def _in_python(work: Any) -> Any:
-    """Recorded work as the Python replay runs it: a C spec decoded once (native.python_form), or the call."""
-    return work if callable(work) else native.python_form(work)
+def _in_python(roots: list, work: Any) -> Any:
+    """Recorded work as the Python replay runs it: a C spec decoded once for these roots
+    (native.python_form), done on the arrays they hold when it runs; or the call itself."""
+    return work if callable(work) else partial(native.work_in_python, roots, native.python_form(work, roots))
 
 
 def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, divisor: int) -> None:

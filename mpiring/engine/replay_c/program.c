@@ -254,6 +254,9 @@ static PyObject *program_release(Program *self, PyObject *unused) {
 static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL,
      "run(first, started, spin): None when done, else (exchange, reason, MPI error code)"},
+    {"call", (PyCFunction)(void (*)(void))program_call, METH_FASTCALL,
+     "call(state, x, out, spin, after): a cached call Python found, bound, counted and run as the Shortcut "
+     "runs one; NotImplemented where x and out cannot be bound"},
     {"bind", (PyCFunction)(void (*)(void))program_bind, METH_FASTCALL,
      "bind(x, out, x_address, out_address): the arrays roots 0 and 1 are for the next run (an address None: "
      "the array's own)"},

@@ -264,6 +264,7 @@ PyObject *result_of(Program *p);
 PyObject *caught(void);
 /* the Program's methods run(), start() and begin() */
 PyObject *program_run(Program *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *program_call(Program *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *program_start(Program *self, PyObject *index_object);
 PyObject *program_begin(Program *self, PyObject *unused);
 

@@ -249,10 +249,36 @@ static int count_call(HotState *state, Program *p) {
     return 0;
 }
 
+/* A cached call whose arrays `program` holds now (bind_call), counted and run: its result, or what
+   `after(program, stopped, spin, error)` makes of a run that stopped or raised; unbound after. */
+static PyObject *run_bound_call(HotState *state, Program *program, double spin, PyObject *after) {
+    PyObject *result = NULL;
+    Py_INCREF(program); /* a work callable could drop it from the table */
+    PyObject *stopped = count_call(state, program) == 0 ? run_from(program, 0, 0, spin) : NULL;
+    if (stopped == Py_None && notice_waiting(program)) {  /* Python raises, naming the peer */
+        Py_DECREF(stopped);
+        stopped = Py_BuildValue("(nii)", program->length, STOPPED_NOTICE, 0);
+    }
+    if (stopped == Py_None) {
+        result = result_of(program);
+    } else {
+        PyObject *error = stopped == NULL ? caught() : NULL; /* recorded work raised: Python raises it */
+        PyObject *spin_object = PyFloat_FromDouble(spin);
+        if (spin_object != NULL)
+            result = PyObject_CallFunctionObjArgs(after, (PyObject *)program, stopped ? stopped : Py_None,
+                                                  spin_object, error ? error : Py_None, NULL);
+        Py_XDECREF(spin_object);
+        Py_XDECREF(error);
+    }
+    Py_XDECREF(stopped);
+    unbind(program);
+    Py_DECREF(program);
+    return result;
+}
+
 static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     double spin = -1.0;
     Program *program = NULL;
-    PyObject *result = NULL;
     if (self->in_python == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Shortcut called before it was made (__init__)");
         return NULL;
@@ -269,27 +295,25 @@ static PyObject *shortcut_call(Shortcut *self, PyObject *const *args, size_t nar
     }
     if (program == NULL)
         return PyObject_Vectorcall(self->in_python, args, nargsf, kwnames);
-    Py_INCREF(program); /* a work callable could drop it from the table */
-    PyObject *stopped = count_call(self->state, program) == 0 ? run_from(program, 0, 0, spin) : NULL;
-    if (stopped == Py_None && notice_waiting(program)) {  /* Python raises, naming the peer */
-        Py_DECREF(stopped);
-        stopped = Py_BuildValue("(nii)", program->length, STOPPED_NOTICE, 0);
+    return run_bound_call(self->state, program, spin, self->after);
+}
+
+/* Program.call(state, x, out, spin, after): a cached call that Python found (Engine._replay), run
+   as the Shortcut runs its hits: bound, counted in `state`, run, its result or after's;
+   NotImplemented, with nothing changed, where x and out cannot be bound here. */
+PyObject *program_call(Program *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyObject_TypeCheck(args[0], &HotStateType)) {
+        PyErr_SetString(PyExc_TypeError, "call(state, x, out, spin, after)");
+        return NULL;
     }
-    if (stopped == Py_None) {
-        result = result_of(program);
-    } else {
-        PyObject *error = stopped == NULL ? caught() : NULL; /* recorded work raised: Python raises it */
-        PyObject *spin_object = PyFloat_FromDouble(spin);
-        if (spin_object != NULL)
-            result = PyObject_CallFunctionObjArgs(self->after, (PyObject *)program, stopped ? stopped : Py_None,
-                                                  spin_object, error ? error : Py_None, NULL);
-        Py_XDECREF(spin_object);
-        Py_XDECREF(error);
+    double spin = PyFloat_AsDouble(args[3]);
+    if (spin == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (self->exchanges == NULL || self->nroots < 2 || bind_call(self, args[1], args[2]) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
     }
-    Py_XDECREF(stopped);
-    unbind(program);
-    Py_DECREF(program);
-    return result;
+    return run_bound_call((HotState *)args[0], self, spin, args[4]);
 }
 
 static int shortcut_init(Shortcut *self, PyObject *args, PyObject *kwds) {
