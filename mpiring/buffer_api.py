@@ -495,7 +495,8 @@ _DEFAULTS = {"root": 0, "op": MPI.SUM, "recvcounts": None}
 # The blocking calls whose common forms C reads straight into the engine's arguments
 # (native.dropin_call: plain specs, predefined ops, MPI.IN_PLACE); their codes there. Any other
 # form, and every error, is the Python parse's. `Communicator`'s own blocking method of each asks
-# COMMON_CALL first, and forwards here only where it returns None (None too where C was not built).
+# COMMON_CALL first, which runs the call, and forwards here only where it returns NotImplemented
+# (COMMON_CALL is None where C was not built).
 COMMON_FORMS = {"Bcast": 0, "Reduce": 1, "Allreduce": 2, "Gather": 3, "Allgather": 4, "Scatter": 5, "Alltoall": 6,
                 "Scan": 7, "Exscan": 8, "Alltoallv": 9, "Reduce_scatter_block": 10}
 COMMON_CALL = native.dropin_call({id(op): (op, name) for op, name in OPS}, MPI.IN_PLACE, IN_PLACE_ALLTOALL)
@@ -544,14 +545,18 @@ def uppercase(owner: type, function: Callable[..., Any], served: str = "") -> Ca
     a forward to its `_buffers`, which a blocking call of COMMON_FORMS takes only where C cannot
     read its specs."""
     name = function.__name__
+    comm = f"self.{served}" if served else "self"
+    if name == "Barrier":  # no buffers to read: the engine's blocking run at once
+        return entry_points.method(owner, name, [], f"{comm}._blocking('barrier', None, None, None, None, None, None, "
+                                   "None)", function.__doc__ or "", "None", owner.__module__)
     if name not in COMMON_FORMS or COMMON_CALL is None:
         return entry_points.forward(owner, function, f"{served}._buffers" if served else "_buffers", owner.__module__)
     parameters = entry_points.parameters_of(function)
     given = {p.name for p in parameters}
     send, receive = ("buf", "None") if name == "Bcast" else ("sendbuf", "recvbuf")
     read = ", ".join((str(COMMON_FORMS[name]), send, receive, "op" if "op" in given else "None",
-                      "root" if "root" in given else "None", "comm.rank", "comm.size"))
-    body = (f"comm = self{'.' + served if served else ''}\n    call = common_call({read})\n    if call is None:\n"
-            f"        return comm._buffers.{name}({entry_points.arguments_of(parameters)})\n    comm._blocking(*call)")
+                      "root" if "root" in given else "None", "comm._place", "comm._blocking"))
+    body = (f"comm = {comm}\n    if common_call({read}) is NotImplemented:\n"
+            f"        comm._buffers.{name}({entry_points.arguments_of(parameters)})")
     return entry_points.method(owner, name, parameters, body, function.__doc__ or "", "None", owner.__module__,
                                {"common_call": COMMON_CALL})

@@ -98,6 +98,7 @@ class Communicator:
         self._engine = Engine(self._ring, consistency.make_checker(self._ring, check, timeout), timeout, builders)
         # what the methods call: the engine's `run`, held here too so that a call finds it in one look-up
         self._blocking = self._engine.run
+        self._place = (self._ring.rank, self._ring.size)  # what the drop-in's C reading of a call needs
         self._buffers = BufferAPI(self, self._engine)  # the uppercase methods' parse of mpi4py's buffer specs
 
     @property

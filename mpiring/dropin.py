@@ -52,11 +52,7 @@ class Intracomm(MPI.Intracomm):
         comm = self.__dict__["_mpiring"] = Communicator(MPI.Intracomm(self))
         return comm
 
-    def Barrier(self) -> None:  # noqa: N802 - mpi4py's names
-        """Return once every rank has entered (mpiring's barrier)."""
-        self.served().barrier()
-
-    def Ibarrier(self) -> Any:  # noqa: N802
+    def Ibarrier(self) -> Any:  # noqa: N802 - mpi4py's names
         """Nonblocking Barrier."""
         return self.served().Ibarrier()
 
@@ -124,6 +120,7 @@ for _row in DROPIN:
     for _form in ("I" + _name[0].lower() + _name[1:], f"{_name}_init"):
         setattr(Intracomm, _form, entry_points.forward(Intracomm, getattr(Communicator, _form), "_mpiring", __name__))
 del _row, _name, _form
+Intracomm.Barrier = uppercase(Intracomm, BufferAPI.Barrier, served="_mpiring")  # type: ignore[method-assign]
 
 COMM_WORLD = Intracomm(MPI.COMM_WORLD)
 COMM_SELF = Intracomm(MPI.COMM_SELF)

@@ -137,12 +137,19 @@ def make_buffers(row: Collective, setup: Setup, device: Device, count: int, dtyp
     )
 
 
-def rotating(run: Callable[[Setup, Any], Any], setup: Setup, sets: list[Any]) -> Callable[[], Any]:
-    """A call of `run` on the next of `sets` each time (--rotate; one set: always the same)."""
-    if len(sets) == 1:
-        return partial(run, setup, sets[0])
-    turn = itertools.cycle(sets)
-    return lambda: run(setup, next(turn))
+def rotating(bind: Callable[[Setup, Any], Callable[[], Any]], setup: Setup, sets: list[Any]) -> Callable[[], Any]:
+    """The call `bind` makes for each of `sets`, the next one each time (--rotate; one set: always
+    that call itself, so a timed call costs only what it does)."""
+    calls = [bind(setup, b) for b in sets]
+    if len(calls) == 1:
+        return calls[0]
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
+
+
+def bound(run: Callable[[Setup, Any], Any]) -> Callable[[Setup, Any], Callable[[], Any]]:
+    """`run(setup, buffers)` as a binding: the call on those, made once."""
+    return lambda s, b: partial(run, s, b)
 
 
 def ceiling(row: Collective, setup: Setup, buffers: Buffers, device: Device, p2p: MPI.Intracomm, count: int,
@@ -194,26 +201,23 @@ def ceiling_runner(
 
 
 def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Callable, Callable]:
-    """(mpiring's call, the native call a mpi4py user would write for the same job, mpiring's call
-    returning its result for the check), each taking (setup, buffers), for one form (table.FORMS).
+    """(mpiring's call, the native call a mpi4py user would write for the same job), each as a
+    binding, (setup, buffers) -> the call on them; and mpiring's call returning its result for the
+    check, taking (setup, buffers); for one form (table.FORMS).
 
-    The timed calls make no dataclass copies (microseconds each, which would be charged to the
-    call): what a form derives from (setup, buffers) is made once per pair and kept (`derived`),
-    and the arrays a form makes anew each call are set on that copy. The check's call puts the
-    input where the form's own buffers need it first (the timed calls leave them as they are)."""
+    A binding makes once what its form derives from (setup, buffers): dataclass copies, mmaps,
+    microseconds each that would be charged to the call. So a timed call does only what its form
+    does each time: the call, and the arrays that form makes anew. The check's call puts the input
+    where the form's own buffers need it first (the timed calls leave them as they are)."""
     xp = device.native_xp
-    latest: dict[str, tuple] = {}
-    kept: dict[tuple[str, int, int], tuple] = {}
+    kept: dict[tuple[str, int, int], Any] = {}
 
     def derived(what: str, s: Setup, b: Buffers, make: Callable) -> Any:
-        last = latest.get(what)
-        if last is not None and last[0] is s and last[1] is b:  # the last call's set (the only one without --rotate)
-            return last[2]
-        last = kept.get((what, id(s), id(b)))  # another set's (--rotate), made on that set's first call
-        if last is None:
-            last = kept[(what, id(s), id(b))] = (s, b, make(s, b))
-        latest[what] = last
-        return last[2]
+        """What `make(s, b)` derives, made once: a binding and the check share it."""
+        key = (what, id(s), id(b))
+        if key not in kept:
+            kept[key] = make(s, b)
+        return kept[key]
 
     def new_output(s: Setup, b: Buffers, into: Buffers) -> Buffers:
         """A new native output; an in-place collective's root (broadcast) fills it with its input
@@ -222,23 +226,32 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
             into.native = b.native.copy() if row.in_place and s.rank == s.root else xp.empty_like(b.native)
         return into
 
-    def plain_native(s: Setup, b: Buffers) -> Any:
-        return row.native(s, new_output(s, b, derived("plain", s, b, lambda s, b: replace(b))))
+    def plain_native(s: Setup, b: Buffers) -> Callable[[], Any]:
+        into = replace(b)
+        return lambda: row.native(s, new_output(s, b, into))
 
-    def fresh(s: Setup, b: Buffers) -> Any:
-        into = derived("fresh", s, b, lambda s, b: replace(b))
-        into.x = None if b.x is None else b.x.copy()
-        into.ours = into.x if row.in_place and b.x is b.ours else b.ours
-        return row.plain(s, into)
+    def fresh(s: Setup, b: Buffers) -> Callable[[], Any]:
+        into = replace(b)
 
-    def fresh_native(s: Setup, b: Buffers) -> Any:
-        into = derived("fresh native", s, b, lambda s, b: replace(b))
-        into.native_x = None if b.native_x is None else b.native_x.copy()
-        return row.native(s, new_output(s, b, into))
+        def call() -> Any:
+            into.x = None if b.x is None else b.x.copy()
+            into.ours = into.x if row.in_place and b.x is b.ours else b.ours
+            return row.plain(s, into)
+        return call
 
-    def on_the_drop_in(s: Setup, b: Buffers) -> Any:  # mpi4py's call, on mpiring's Communicator
-        return row.native(*derived("dropin", s, b, lambda s, b: (replace(s, mpi=s.comm),
-                                                                 replace(b, native_x=b.x, native=b.ours))))
+    def fresh_native(s: Setup, b: Buffers) -> Callable[[], Any]:
+        into = replace(b)
+
+        def call() -> Any:
+            into.native_x = None if b.native_x is None else b.native_x.copy()
+            return row.native(s, new_output(s, b, into))
+        return call
+
+    def drop_in_arguments(s: Setup, b: Buffers) -> tuple:  # mpi4py's call, on mpiring's Communicator
+        return derived("dropin", s, b, lambda s, b: (replace(s, mpi=s.comm), replace(b, native_x=b.x, native=b.ours)))
+
+    def on_the_drop_in(s: Setup, b: Buffers) -> Callable[[], Any]:
+        return partial(row.native, *drop_in_arguments(s, b))
 
     def into_ours(call: Callable) -> Callable:
         return lambda s, b: (call(s, b), b.ours)[1]
@@ -299,19 +312,19 @@ def form_calls(row: Collective, device: Device, form: str) -> tuple[Callable, Ca
         return result
 
     if form == "plain":
-        return row.plain, plain_native, row.plain
+        return bound(row.plain), plain_native, row.plain
     if form == "fresh":
-        return fresh, fresh_native, fresh
+        return fresh, fresh_native, lambda s, b: fresh(s, b)()
     if form == "dropin" or (form == "dropin-inplace" and in_place is None):
-        return on_the_drop_in, row.native, into_ours(on_the_drop_in)
+        return on_the_drop_in, bound(row.native), into_ours(lambda s, b: row.native(*drop_in_arguments(s, b)))
     if form == "dropin-mmap":
-        return (lambda s, b: row.native(*derived("dropin-mmap", s, b, mapped)[0]),
-                lambda s, b: row.native(*derived("dropin-mmap", s, b, mapped)[1]), mmap_result)
+        return (lambda s, b: partial(row.native, *derived("dropin-mmap", s, b, mapped)[0]),
+                lambda s, b: partial(row.native, *derived("dropin-mmap", s, b, mapped)[1]), mmap_result)
     if form == "dropin-inplace":
-        return (lambda s, b: in_place.call(*derived("dropin-inplace", s, b, in_place_buffers)[0]),
-                lambda s, b: in_place.call(*derived("dropin-inplace", s, b, in_place_buffers)[1]),
+        return (lambda s, b: partial(in_place.call, *derived("dropin-inplace", s, b, in_place_buffers)[0]),
+                lambda s, b: partial(in_place.call, *derived("dropin-inplace", s, b, in_place_buffers)[1]),
                 in_place_result)
-    return row.ours, row.native, into_ours(row.ours)
+    return bound(row.ours), bound(row.native), into_ours(row.ours)
 
 
 def count_wrong(row: Collective, setup: Setup, buffers: Buffers, device: Device, result_of: Callable,
@@ -348,11 +361,11 @@ def measure(
     rank gets the Results."""
     sets = [make_buffers(row, setup, device, count, options.dtype) for _ in range(options.rotate)]
     buffers = sets[0]  # the one the check uses
-    ours = rotating(row.ours, setup, sets)
+    ours = rotating(bound(row.ours), setup, sets)
     for _ in range(2 * len(sets)):  # a layout's second call records the schedule the ceiling replays
         ours()
     ceilings = [ceiling(row, setup, b, device, p2p, count, options.dtype.itemsize) for b in sets]
-    bare = rotating(lambda _setup, replay: replay(), setup, ceilings)
+    bare = rotating(lambda _setup, replay: replay, setup, ceilings)
     try:
         results = []
         for form in options.forms:

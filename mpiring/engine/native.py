@@ -100,9 +100,10 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
 
 def dropin_call(ops: dict, in_place: Any, in_place_alltoall: str) -> Callable[..., Any] | None:
     """The C reading of the drop-in's common calls (mpiring.buffer_api.COMMON_FORMS, asked first by
-    Communicator's blocking uppercase methods: the engine's blocking run's arguments, else None),
-    knowing these ops ({id(op): (op, name)}), MPI.IN_PLACE and the algorithm an in-place
-    all-to-all runs; None where the extension is not there."""
+    Communicator's blocking uppercase methods: `dropin_call(kind, sendbuf, recvbuf, op, root,
+    (rank, size), run)` calls `run` with the engine's blocking run's arguments, else returns
+    NotImplemented), knowing these ops ({id(op): (op, name)}), MPI.IN_PLACE and the algorithm an
+    in-place all-to-all runs; None where the extension is not there."""
     if not available():
         return None
     _replay.dropin_tables(ops, in_place, np.empty, array.array, in_place_alltoall)

@@ -200,19 +200,23 @@ static PyObject *even_counts(Py_ssize_t k, Py_ssize_t size) {
     return counts;
 }
 
-/* dropin_call(kind, sendbuf, recvbuf, op, root, rank, size): (collective, x, out, op, root,
-   counts, None, None), the engine's blocking run's arguments, for the common forms of an
-   uppercase call; None where buffer_api's parse must look. The buffers are views of the
-   caller's memory (spec_elements): send and receive of one dtype, their counts as MPI needs. */
+/* dropin_call(kind, sendbuf, recvbuf, op, root, place, run): the common forms of an uppercase
+   call read into the engine's blocking run's arguments (collective, x, out, op, root, counts,
+   algorithm, timeout=None), which it then calls, `run(...)`, returning what that returns;
+   NotImplemented, with nothing run, where buffer_api's parse must look. `place` is the
+   communicator's (rank, size). The buffers are views of the caller's memory (spec_elements): send
+   and receive of one dtype, their counts as MPI needs. An in-place Reduce_scatter_block runs
+   into an array of its own, whose block it copies into the receive buffer's first once the run
+   returned. */
 PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || op_names == NULL)
-        Py_RETURN_NONE;
+    if (nargs != 7 || op_names == NULL || !PyTuple_CheckExact(args[5]) || PyTuple_GET_SIZE(args[5]) != 2)
+        Py_RETURN_NOTIMPLEMENTED;
     int kind = PyLong_CheckExact(args[0]) ? (int)PyLong_AsLong(args[0]) : -1;
-    PyObject *sendbuf = args[1], *recvbuf = args[2], *op = args[3], *root = args[4];
-    Py_ssize_t rank = PyLong_AsSsize_t(args[5]), size = PyLong_AsSsize_t(args[6]);
+    PyObject *sendbuf = args[1], *recvbuf = args[2], *op = args[3], *root = args[4], *run = args[6];
+    Py_ssize_t rank = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[5], 0)), size = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[5], 1));
     if (PyErr_Occurred() || kind < 0 || kind >= D_KINDS || size < 1) {
         PyErr_Clear();
-        Py_RETURN_NONE;
+        Py_RETURN_NOTIMPLEMENTED;
     }
     int rooted = kind == D_BCAST || kind == D_REDUCE || kind == D_GATHER || kind == D_SCATTER;
     int reduces = kind == D_REDUCE || kind == D_ALLREDUCE || kind == D_SCAN || kind == D_EXSCAN || kind == D_REDUCE_SCATTER;
@@ -221,14 +225,14 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         at = PyLong_CheckExact(root) ? PyLong_AsSsize_t(root) : -1;
         if (at < 0 || at >= size) { /* (the parse says what is wrong with it) */
             PyErr_Clear();
-            Py_RETURN_NONE;
+            Py_RETURN_NOTIMPLEMENTED;
         }
     }
     PyObject *name = reduces ? op_name(op) : Py_None;
     if (name == NULL)
-        Py_RETURN_NONE;
+        Py_RETURN_NOTIMPLEMENTED;
     int root_here = rank == at;
-    PyObject *x = NULL, *out = NULL, *counts = NULL;
+    PyObject *x = NULL, *out = NULL, *counts = NULL, *result_block = NULL;
     Py_ssize_t blocks_in = kind == D_SCATTER || kind == D_ALLTOALL ? size : 1;
     Py_ssize_t blocks_out = kind == D_GATHER || kind == D_ALLGATHER || kind == D_ALLTOALL ? size : 1;
     switch (kind) {
@@ -280,8 +284,16 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     case D_ALLTOALLV:
         alltoallv_of(sendbuf, recvbuf, size, &x, &out, &counts);
         break;
-    case D_REDUCE_SCATTER: /* Reduce_scatter_block with buffers apart (in place: the parse copies the result) */
-        if (sendbuf == in_place || sendbuf == Py_None || (out = elements(recvbuf, 1)) == NULL)
+    case D_REDUCE_SCATTER: /* Reduce_scatter_block */
+        if (sendbuf == in_place || sendbuf == Py_None) { /* every block in the receive buffer; the result to its first */
+            x = elements(recvbuf, size);
+            if (x != NULL && (((const ArrayHead *)x)->flags & ARRAY_WRITEABLE) &&
+                (out = throwaway(x, length_of(x) / size)) != NULL &&
+                (result_block = PySequence_GetSlice(x, 0, length_of(out))) == NULL)
+                Py_CLEAR(out);
+            break;
+        }
+        if ((out = elements(recvbuf, 1)) == NULL)
             break;
         x = elements(sendbuf, size);
         if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) != length_of(out) * size))
@@ -292,33 +304,46 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(x);
         Py_XDECREF(out);
         Py_XDECREF(counts);
+        Py_XDECREF(result_block);
         PyErr_Clear();
-        Py_RETURN_NONE;
+        Py_RETURN_NOTIMPLEMENTED;
     }
     if (kind == D_GATHER || kind == D_ALLGATHER || kind == D_SCATTER || kind == D_REDUCE_SCATTER) {
         counts = even_counts(kind == D_SCATTER || kind == D_REDUCE_SCATTER ? length_of(out) : length_of(x), size);
         if (counts == NULL) {
             Py_DECREF(x);
             Py_DECREF(out);
+            Py_XDECREF(result_block);
             return NULL;
         }
     }
-    PyObject *call = PyTuple_New(8);
-    if (call == NULL) {
-        Py_DECREF(x);
-        Py_DECREF(out);
-        Py_XDECREF(counts);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(call, 0, Py_NewRef(names[kind]));
-    PyTuple_SET_ITEM(call, 1, x);
-    PyTuple_SET_ITEM(call, 2, out);
-    PyTuple_SET_ITEM(call, 3, Py_NewRef(name));
-    PyTuple_SET_ITEM(call, 4, rooted ? Py_NewRef(root) : Py_NewRef(Py_None));
-    PyTuple_SET_ITEM(call, 5, counts ? counts : Py_NewRef(Py_None));
     /* every rank's all-to-all is in place or none is (MPI): in place, all run the one that exchanges in place */
     int exchanged = (kind == D_ALLTOALL || kind == D_ALLTOALLV) && (sendbuf == in_place || sendbuf == Py_None);
-    PyTuple_SET_ITEM(call, 6, Py_NewRef(exchanged ? exchange : Py_None));
-    PyTuple_SET_ITEM(call, 7, Py_NewRef(Py_None));
-    return call;
+    PyObject *call[8] = {names[kind], x, out, name, rooted ? root : Py_None, counts ? counts : Py_None,
+                         exchanged ? exchange : Py_None, Py_None};
+    PyObject *result = PyObject_Vectorcall(run, call, 8, NULL);
+    if (result != NULL && result_block != NULL) { /* both flat and C-contiguous, of one dtype and length */
+        Py_buffer from, to;
+        int copied = -1;
+        if (PyObject_GetBuffer(out, &from, PyBUF_C_CONTIGUOUS) == 0) {
+            if (PyObject_GetBuffer(result_block, &to, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) == 0) {
+                if (to.len == from.len) {
+                    memmove(to.buf, from.buf, (size_t)from.len);
+                    copied = 0;
+                }
+                PyBuffer_Release(&to);
+            }
+            PyBuffer_Release(&from);
+        }
+        if (copied < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "Reduce_scatter_block: the result block is not the receive buffer's");
+            Py_CLEAR(result);
+        }
+    }
+    Py_DECREF(x);
+    Py_DECREF(out);
+    Py_XDECREF(counts);
+    Py_XDECREF(result_block);
+    return result;
 }

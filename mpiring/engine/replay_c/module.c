@@ -18,8 +18,8 @@ static PyMethodDef module_methods[] = {
      "spec_items(spec, blocks): a buffer spec's elements for its common forms, else None"},
     {"dropin_tables", dropin_tables, METH_VARARGS, "dropin_tables(ops, in_place, empty, int_arrays, in_place_alltoall): the tables dropin_call reads"},
     {"dropin_call", (PyCFunction)(void (*)(void))dropin_call, METH_FASTCALL,
-     "dropin_call(kind, sendbuf, recvbuf, op, root, rank, size): the engine's blocking run's arguments for the "
-     "common forms of an uppercase call, else None"},
+     "dropin_call(kind, sendbuf, recvbuf, op, root, (rank, size), run): run(...) with the engine's blocking "
+     "run's arguments for the common forms of an uppercase call, else NotImplemented"},
     {NULL, NULL, 0, NULL},
 };
 
