@@ -93,7 +93,34 @@ def test_time_calls_warms_up_then_reports_the_mean_over_ranks():
     assert all(t.min == t.avg == t.max for t in result)  # one rank
 
 
-@pytest.mark.parametrize("counts", [dict(iters=0, reps=1), dict(iters=1, reps=0), dict(iters=1, reps=1, warmup=-1)])
+def test_short_calls_get_batches_long_enough_and_long_ones_keep_iters():
+    """With min_batch, one batch of `iters` calls per contender sets its count: as many calls as
+    fill min_batch (a call of 2^-20 s, 2^-14 s: 64 calls), `iters` for a call longer than that, the
+    cap for one that takes no time; then every timed batch has that count."""
+    clock, iters, reps = FakeClock(), 4, 3
+    fast = clock.contender("fast", [2.0**-20] * 400, iters, warmup=0)
+    slow = clock.contender("slow", [2.0**-10] * 400, iters, warmup=0)
+    free = clock.contender("free", [0.0] * 400, iters, warmup=0)
+    comm = FakeComm(clock.log)
+    comm.Allreduce = lambda mine, into, op: into.__setitem__(slice(None), mine)  # one rank: its own
+    counts = timing.batch_counts(comm, [fast, slow, free], iters, 2.0**-14, clock=clock)
+    assert counts == [64, iters, timing.MAX_BATCH_CALLS]
+    clock.log.clear()
+    medians = timing.rank_medians(comm, [fast, slow], counts[:2], reps, clock=clock)
+    assert medians == pytest.approx([2.0**-20, 2.0**-10])
+    assert clock.log.count("fast") == 64 * reps and clock.log.count("slow") == iters * reps
+
+
+def test_time_calls_with_min_batch_times_batches_of_the_count_found():
+    clock, iters, reps = FakeClock(), 2, 3
+    call = clock.contender("call", [2.0**-16] * 100, iters, warmup=0)
+    result = timing.time_calls(MPI.COMM_SELF, [call], iters=iters, reps=reps, clock=clock, min_batch=2.0**-13)
+    assert clock.log.count("call") == iters + 8 * reps  # the finding batch, then batches of 8
+    assert result[0].avg == pytest.approx(2.0**-16)
+
+
+@pytest.mark.parametrize("counts", [dict(iters=0, reps=1), dict(iters=1, reps=0), dict(iters=1, reps=1, warmup=-1),
+                                    dict(iters=1, reps=1, min_batch=-1.0)])
 def test_bad_counts_raise_before_any_call(counts):
     called = []
     with pytest.raises(ValueError, match="timing needs"):
@@ -104,6 +131,8 @@ def test_bad_counts_raise_before_any_call(counts):
 def test_describe_names_the_statistic():
     assert timing.describe(20, 5, 3) == ("time per iteration: each rank's median of 5 batches of 20 iterations "
                                          "(after 3 warm-up), then mean/min/max over ranks")
+    assert timing.describe(20, 5, 3, 1e-3) == ("time per iteration: each rank's median of 5 batches of at least "
+                                               "20 iterations and 1 ms (after 3 warm-up), then mean/min/max over ranks")
 
 
 @pytest.mark.mpi

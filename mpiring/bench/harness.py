@@ -11,8 +11,9 @@ For each size, on every rank:
    which its timed calls do not;
 4. mpiring's collective, the native one and the ceiling timed by `mpiring.bench.timing`, the
    method and statistic every mpiring tool shares: `--warmup` untimed calls of each, then `--reps`
-   rounds in which each of the three times one batch of `--iters` calls after a barrier (so a
-   disturbance from outside hits all three alike); each rank keeps its median batch, and the
+   rounds in which each of the three times one batch after a barrier (so a disturbance from
+   outside hits all three alike), of `--iters` calls or as many more as last `--min-batch-ms`
+   (found by one batch first, the same count on every rank); each rank keeps its median batch, and the
    report gives the mean over ranks (avg, as OSU and nccl-tests do) and the min and max over
    ranks. Bandwidths use the avg.
 """
@@ -386,7 +387,8 @@ def _timed(row: Collective, setup: Setup, device: Device, calls: tuple, buffers:
     world = setup.mpi
     wrong = count_wrong(row, setup, buffers, device, result_of, averages=form not in DROP_IN_FORMS)
     mine, theirs, bare = timing.time_calls(  # mpiring's, native MPI's, the ceiling's
-        world, calls, iters=options.iters, reps=options.reps, warmup=options.warmup, sync=device.synchronize)
+        world, calls, iters=options.iters, reps=options.reps, warmup=options.warmup, sync=device.synchronize,
+        min_batch=options.min_batch)
     wrong = world.allreduce(wrong, MPI.SUM)
     factor = row.bus_factor(setup.size)
     ours_bw, native_bw, ceiling_bw = (bandwidths(nbytes, t.avg, factor) for t in (mine, theirs, bare))

@@ -52,6 +52,7 @@ class Options:
     csv: str | None
     json: str | None
     plot: str | None
+    min_batch: float = 1e-3  # seconds a timed batch lasts at least (mpiring.bench.timing)
 
 
 def parse_bytes(text: str) -> int:
@@ -88,6 +89,13 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = RankZeroArgumentParser(
         prog=PROG,
@@ -121,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(default best)")
     add("-w", "--warmup", type=_nonnegative_int, default=5, help="untimed iterations per size (default 5)")
     add("-n", "--iters", type=_positive(int), default=20, help="iterations per timed batch (default 20)")
+    add("--min-batch-ms", type=_nonnegative_float, default=1.0, metavar="MS",
+        help="each timed batch lasts at least this long: more iterations than --iters where calls are short, "
+             "so that the barrier before a batch does not count (default 1; 0: --iters always)")
     add("--reps", type=_positive(int), default=5,
         help="timed batches per size; each rank keeps its median batch (default 5)")
     add("--rotate", type=_positive(int), default=1, metavar="N",
@@ -170,7 +181,7 @@ def _check(args: argparse.Namespace) -> Options:
         collectives=tuple(collectives), min_bytes=args.min_bytes, max_bytes=args.max_bytes,
         factor=args.factor, dtype=dtype, op=args.op, root=args.root, device=args.device,
         algorithm=args.algorithm, forms=forms, warmup=args.warmup, iters=args.iters, reps=args.reps, rotate=args.rotate,
-        csv=args.csv, json=args.json, plot=args.plot,
+        csv=args.csv, json=args.json, plot=args.plot, min_batch=args.min_batch_ms / 1e3,
     )
 
 

@@ -115,7 +115,7 @@ def metadata(options: Options, world: MPI.Intracomm, device: Device) -> dict[str
         "native_buffers": device.note,
         "host_pages": host_memory.describe(),
         "forms": list(options.forms),
-        "statistic": timing.describe(options.iters, options.reps, options.warmup)
+        "statistic": timing.describe(options.iters, options.reps, options.warmup, options.min_batch)
         + (f"; calls cycle through {options.rotate} buffer sets" if options.rotate > 1 else ""),
         "options": {
             key: value.name if key == "dtype" else list(value) if isinstance(value, tuple) else value

@@ -256,19 +256,11 @@ def _operand(roots: list, operand: tuple) -> Any:
 
 def work_in_python(roots: list, form: tuple) -> None:
     """A work spec's arithmetic in NumPy (its `python_form`) on the flat arrays the roots stand
-    for now: what the C replay does, in the Python replay. (`_operand`, inline where common.)"""
+    for now: what the C replay does, in the Python replay."""
     kind, ufunc, extra, out, a, b = form
-    root, index, dtype = out
-    out = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
-        else _operand(roots, out)
-    root, index, dtype = a
-    a = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
-        else _operand(roots, a)
+    out, a = _operand(roots, out), _operand(roots, a)
     if kind == WORK_OP:
-        root, index, dtype = b
-        b = index if root < 0 else roots[root] if index is None else roots[root][index] if dtype is None \
-            else _operand(roots, b)
-        ufunc(a, b, out=out)
+        ufunc(a, _operand(roots, b), out=out)
     elif kind == WORK_COPY:
         out[...] = a
     elif kind == WORK_EXPECT:

@@ -39,7 +39,7 @@ from mpiring.backend import NUMPY
 from mpiring.engine import native
 from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
-from mpiring.engine.tags import numbered_pair
+from mpiring.engine.tags import numbered
 from mpiring.engine.transport import Call, Step, Traffic
 from mpiring.engine.waiting import no_notice
 from mpiring.ops import UFUNC_NAMES
@@ -287,10 +287,10 @@ class Schedule(Recording):
         program = self.compiled
         if calls is not None:
             self._runs += 1
-            call = self.call
-            call.tag, self._notice_now = numbered_pair(self.sequence, call.tag, self.notice, calls)
+            tag = self.call.tag = numbered(self.sequence, self.call.tag, calls)
+            self._notice_now = numbered(self.sequence, self.notice, calls)  # (-1, none: stays -1)
             if program is not None:
-                program.tag = call.tag
+                program.tag = tag
             if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
                 self.used = calls
         self.x, self.out = x, out

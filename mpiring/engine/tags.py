@@ -147,12 +147,3 @@ def numbered(numbering: tuple[int, int, int], tag: int, calls: int) -> int:
         return tag
     return base + ((tag - base) & ~(mask << shift) | (calls & mask) << shift)
 
-
-def numbered_pair(numbering: tuple[int, int, int], tag: int, notice: int, calls: int) -> tuple[int, int]:
-    """`numbered` of a recorded call's tag and of its notice's (-1: none), at once."""
-    base, shift, mask = numbering
-    if not mask:
-        return tag, notice
-    clear, number = ~(mask << shift), (calls & mask) << shift
-    return (tag if tag < base else base + ((tag - base) & clear | number),
-            notice if notice < base else base + ((notice - base) & clear | number))
