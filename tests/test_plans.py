@@ -706,6 +706,11 @@ def test_a_call_found_in_python_runs_in_c_and_waits_for_a_late_rank(replay_comm)
     assert schedule.runs == runs + 3
     if schedule.compiled is not None:  # the arrays went back to the caller: none kept
         assert schedule.compiled.x is None and schedule.compiled.out is None and schedule.x is None
+    # arrays the schedule cannot bind (x and out overlapping, x not a block of out): unrecorded, right
+    shared = np.zeros(9)
+    shared[:5] = base[::2]
+    assert_same(comm.allreduce(shared[:5], out=shared[4:], timeout=60), want, "x and out overlapping")
+    assert schedule.runs == runs + 3
 
 
 @pytest.mark.parametrize("busy", [True, False], ids=["busy poll", "offer the core"])
