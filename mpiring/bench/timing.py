@@ -104,7 +104,7 @@ def batch_counts(comm: MPI.Comm, calls: Sequence[Call], iters: int, min_batch: f
     seconds = numpy.array([batch(comm, call, iters, sync, clock) for call in calls], dtype=numpy.float64)
     slowest = numpy.empty_like(seconds)
     comm.Allreduce(seconds, slowest, MPI.MAX)
-    return [max(iters, min(MAX_BATCH_CALLS, math.ceil(min_batch / t))) if t > 0 else max(iters, MAX_BATCH_CALLS)
+    return [max(iters, min(MAX_BATCH_CALLS, math.ceil(min_batch / t) if t > 0 else MAX_BATCH_CALLS))
             for t in slowest.tolist()]
 
 

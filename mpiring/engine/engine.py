@@ -47,7 +47,7 @@ from mpiring.engine.ring import Ring
 from mpiring.engine.run import resume_recorded, run_recorded, run_to_end
 from mpiring.engine.schedule import Schedule, bindable, build_schedule, inside, layout_key
 from mpiring.engine.transport import Call, Steps
-from mpiring.engine.waiting import YIELD_SECONDS, leave_notice, no_notice
+from mpiring.engine.waiting import YIELD_SECONDS, c_spin, leave_notice, no_notice
 from mpiring.errors import (
     ArgumentError,
     CommunicationError,
@@ -284,8 +284,7 @@ class Engine:
                     # in C, as the Shortcut runs its hits (it binds x and out, or leaves them to the rest here)
                     limit = self.hot.timeout if timeout is None else self.limit(collective, timeout)
                     known.call.timeout = limit  # (what a run that stopped resumes with)
-                    spin = -1.0 if limit is None else limit if limit < YIELD_SECONDS else YIELD_SECONDS
-                    result = program.call(self.hot, x, out, spin, self._after_program_call)
+                    result = program.call(self.hot, x, out, c_spin(limit), self._after_program_call)
                     if result is not NotImplemented:
                         return result
                 if known.fits(x, out):

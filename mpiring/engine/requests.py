@@ -25,7 +25,7 @@ from mpiring.engine.ring import Ring
 from mpiring.engine.run import array_bytes, count_traffic, resume_exchanges, run_exchanges
 from mpiring.engine.transport import Call, Step, Steps
 from mpiring.engine.waiting import (
-    YIELD_SECONDS,
+    c_spin,
     is_complete,
     leave_notice,
     make_room,
@@ -224,8 +224,7 @@ class PersistentRequest(native.RequestFields):
         self._freed = False
         self._error: BaseException | None = None  # what the last run raised: it gives nothing else
         self.holds = array_bytes(call.arrays)  # counted against Ring.in_flight_bytes while it runs
-        timeout = call.timeout  # how long the C replay spins before Python's poll takes over
-        self._spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
+        self._spin = c_spin(call.timeout)
         self._bound = self._binding()  # what each start finds unchanged in its arrays
         self.start, self.wait = self._start_in_python, self._wait_in_python
 

@@ -25,7 +25,7 @@ from mpiring.engine import native
 from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Steps, mpi_error
-from mpiring.engine.waiting import YIELD_SECONDS, as_loss, checked_sizes, no_notice, poll, wait_step
+from mpiring.engine.waiting import as_loss, c_spin, checked_sizes, no_notice, poll, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
 
 _testall, _waitall = MPI.Request.Testall, MPI.Request.Waitall
@@ -79,12 +79,10 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
                     item()
         elif ring.in_flight:
             _exchanges_advancing_others(ring, recorded)
-        elif program is None:  # run_exchanges, inline
-            if recorded.prologue_in_python:
-                recorded.prologue()
-            _exchanges_in_python(ring, recorded, 0, False, 0.0)
+        elif program is None:
+            run_exchanges(ring, recorded, 0, started=False)
         else:
-            spin = -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
+            spin = c_spin(timeout)
             stopped = program.run(0, False, spin)
     except native.LayoutChanged:
         return recorded.after_change(ring, timeout)
@@ -118,8 +116,7 @@ def run_exchanges(ring: Ring, recorded: Any, first: int, started: bool) -> None:
     from the very beginning (first 0, not started) does the prologue first. A compiled one runs
     in C, which hands back the exchange that needs Python (resume_exchanges)."""
     if recorded.compiled is not None:
-        timeout = recorded.call.timeout
-        spin = -1.0 if timeout is None else min(timeout, YIELD_SECONDS)
+        spin = c_spin(recorded.call.timeout)
         stopped = recorded.compiled.run(first, started, spin)
         if stopped is not None:
             resume_exchanges(ring, recorded, stopped, spin)

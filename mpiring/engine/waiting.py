@@ -38,6 +38,12 @@ from mpiring.errors import (
 # A timed wait offers the core between tests this long, then pauses between them (poll).
 YIELD_SECONDS = 10e-3
 
+
+def c_spin(timeout: float | None) -> float:
+    """How long the C replay tests a step before Python's `poll` takes over, for a call of this
+    timeout: the timeout itself up to YIELD_SECONDS; -1.0 without one (it waits in MPI_Waitall)."""
+    return -1.0 if timeout is None else (timeout if timeout < YIELD_SECONDS else YIELD_SECONDS)
+
 # A long wait looks this often for a message of another call from the peer it waits for (_Watch).
 _LOOK_SECONDS = 20e-3
 
