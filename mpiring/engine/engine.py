@@ -44,7 +44,7 @@ from mpiring.engine.plan import Plan, build_plan
 from mpiring.engine.recording import SeenOnce, Unschedulable
 from mpiring.engine.requests import CollectiveRequest, PersistentRequest
 from mpiring.engine.ring import Ring
-from mpiring.engine.run import resume_recorded, run_recorded, run_to_end
+from mpiring.engine.run import replay_in_python, resume_recorded, run_recorded, run_to_end
 from mpiring.engine.schedule import Schedule, bindable, build_schedule, inside, layout_key
 from mpiring.engine.transport import Call, Steps
 from mpiring.engine.waiting import YIELD_SECONDS, c_spin, leave_notice, no_notice
@@ -279,12 +279,19 @@ class Engine:
             # A cached schedule runs only for the thread the ring serves while it is usable, checked
             # on the way in (run_in_python); a call of the owner's that failed also empties the cache.
             if known.__class__ is Schedule:
-                program = known.compiled
-                if program is not None and self.check is None and not self.hot.in_flight:
-                    # in C, as the Shortcut runs its hits (it binds x and out, or leaves them to the rest here)
-                    limit = self.hot.timeout if timeout is None else self.limit(collective, timeout)
-                    known.call.timeout = limit  # (what a run that stopped resumes with)
-                    result = program.call(self.hot, x, out, c_spin(limit), self._after_program_call)
+                hot = self.hot
+                if self.check is None and not hot.in_flight:
+                    # as the Shortcut runs its hits: in C where compiled, else in the Python replay (each
+                    # binds x and out, or leaves them to the rest here)
+                    limit = hot.timeout if timeout is None else self.limit(collective, timeout)
+                    program = known.compiled
+                    if program is not None:
+                        known.call.timeout = limit  # (what a run that stopped resumes with)
+                        result = program.call(hot, x, out, c_spin(limit), self._after_program_call)
+                    else:
+                        result = replay_in_python(ring, hot, known, x, out, limit)
+                        if known.stale:
+                            self._forget(known)
                     if result is not NotImplemented:
                         return result
                 if known.fits(x, out):

@@ -2,6 +2,7 @@
 
     run_to_end(ring, steps, call)           an unrecorded call's generator
     run_recorded(ring, recorded, timeout)   a schedule (host) or plan (device), bound, once
+    replay_in_python(ring, hot, schedule, ...)  a cached call in the Python replay, bound here
     run_exchanges, resume_exchanges         a recorded call's exchanges from one of them on (also
                                             a persistent request's wait, mpiring.engine.requests)
 
@@ -24,6 +25,7 @@ from mpi4py import MPI
 from mpiring.engine import native
 from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
+from mpiring.engine.schedule import bindable
 from mpiring.engine.transport import Call, Steps, mpi_error
 from mpiring.engine.waiting import as_loss, c_spin, checked_sizes, no_notice, poll, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
@@ -92,6 +94,34 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
     if stopped is not None:
         return resume_recorded(ring, recorded, timeout, stopped, spin)
     return recorded.run_result()
+
+
+def replay_in_python(ring: Ring, hot: Any, schedule: Any, x: Any, out: Any, timeout: float | None) -> Any:
+    """A cached call in the Python replay, with nothing else in flight: what `Program.call` does
+    in C (mpiring.engine.native), in one function, for each layer costs a small call's time. It
+    binds x and out, counts the call in `hot`, runs the exchanges, lets the arrays go and looks
+    for a peer's notice. NotImplemented, with nothing changed, where the arrays cannot be bound."""
+    if not bindable(x, out, schedule.own_offset):
+        return NotImplemented
+    hot.calls = calls = hot.calls + 1
+    schedule.bind(x, out, calls)
+    call = schedule.call
+    call.timeout = timeout
+    ring.traffic.add(schedule.traffic)  # count_traffic, inline
+    try:
+        if schedule.prologue_in_python:
+            schedule.prologue()
+        _exchanges_in_python(ring, schedule, 0, False, 0.0)
+        result = schedule.run_result()
+    except native.LayoutChanged:
+        result = schedule.after_change(ring, timeout)
+    except (CollectiveTimeout, CommunicationError) as error:
+        ring.abandon(call, error, schedule)  # it stays bound: MPI may still use the arrays
+        raise
+    schedule.unbind()
+    if schedule.notice >= 0:  # it took data: none may come from a call a peer left
+        schedule.no_notice(ring)
+    return result
 
 
 def resume_recorded(ring: Ring, recorded: Any, timeout: float | None, stopped: tuple[int, int, int],

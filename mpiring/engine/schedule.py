@@ -39,7 +39,7 @@ from mpiring.backend import NUMPY
 from mpiring.engine import native
 from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unschedulable, Work, drive, fuse
 from mpiring.engine.ring import Ring
-from mpiring.engine.tags import numbered
+from mpiring.engine.tags import number_field
 from mpiring.engine.transport import Call, Step, Traffic
 from mpiring.engine.waiting import no_notice
 from mpiring.ops import UFUNC_NAMES
@@ -210,6 +210,8 @@ class Schedule(Recording):
         notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
         self._notice_now = self.notice  # the notice of the blocking run bound now (`bind` numbers it)
+        self._tag_field = number_field(self.sequence, call.tag)  # (what `bind` numbers them by)
+        self._notice_field = number_field(self.sequence, self.notice)
         self.compiled = native.program(self, ring.busy_poll)
 
     @staticmethod
@@ -287,8 +289,10 @@ class Schedule(Recording):
         program = self.compiled
         if calls is not None:
             self._runs += 1
-            tag = self.call.tag = numbered(self.sequence, self.call.tag, calls)
-            self._notice_now = numbered(self.sequence, self.notice, calls)  # (-1, none: stays -1)
+            first, mask, shift = self._tag_field  # (tags.numbered, inline)
+            tag = self.call.tag = first + ((calls & mask) << shift)
+            first, mask, shift = self._notice_field  # (-1, none: stays -1)
+            self._notice_now = first + ((calls & mask) << shift)
             if program is not None:
                 program.tag = tag
             if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)

@@ -142,8 +142,15 @@ def numbered(numbering: tuple[int, int, int], tag: int, calls: int) -> int:
     """`tag` for the call numbered `calls`, by a recorded call's `numbering` (Tags.numbering:
     replay_c/run.c's `numbered` is the same); a tag below its base, or a numbering without a
     mask, carries no number."""
+    first, mask, shift = number_field(numbering, tag)
+    return first + ((calls & mask) << shift)
+
+
+def number_field(numbering: tuple[int, int, int], tag: int) -> tuple[int, int, int]:
+    """Where `numbered` puts a call's number into `tag`, as (the tag numbered 0, mask, shift): the
+    call numbered n has tag `first + ((n & mask) << shift)`, arithmetic a replay does per call."""
     base, shift, mask = numbering
     if not mask or tag < base:
-        return tag
-    return base + ((tag - base) & ~(mask << shift) | (calls & mask) << shift)
+        return tag, 0, 0
+    return base + ((tag - base) & ~(mask << shift)), mask, shift
 
