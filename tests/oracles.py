@@ -68,7 +68,35 @@ def rank_input(seed: int, rank: int, shape, dtype, op: str = "sum") -> np.ndarra
 
 
 def all_inputs(seed: int, size: int, shape, dtype, op: str = "sum") -> list[np.ndarray]:
-    return [rank_input(seed, k, shape, dtype, op) for k in range(size)]
+    """Every rank's input to case `seed`, as new arrays (a test may write into them)."""
+    return [a.copy() for a in _made_inputs(seed, size, _hashable(shape), np.dtype(dtype), op)]
+
+
+@functools.lru_cache(maxsize=16)
+def _made_inputs(seed: int, size: int, shape, dtype: np.dtype, op: str) -> tuple[np.ndarray, ...]:
+    """The inputs of a case, made once: the tests of a collective's algorithms run case after case
+    (their `case` parameter varies slowest), and at 8 ranks making them cost as much as the calls."""
+    made = tuple(rank_input(seed, k, shape, dtype, op) for k in range(size))
+    for array in made:
+        array.flags.writeable = False
+    return made
+
+
+def _hashable(shape):
+    return tuple(shape) if isinstance(shape, list) else shape
+
+
+@functools.lru_cache(maxsize=32)
+def native_case(collective: str, seed: int, shape, dtype, op: str, root: int = 0) -> np.ndarray | None:
+    """`native_reduction` of this rank's input to case `seed` (all_inputs), asked of MPI once per
+    case and shared by the tests of a collective's algorithms. Every rank asks for the same cases
+    in the same order, so all of them call MPI or none does."""
+    world = MPI.COMM_WORLD
+    x = _made_inputs(seed, world.Get_size(), _hashable(shape), np.dtype(dtype), op)[world.Get_rank()]
+    result = native_reduction(collective, x, op, root)
+    if result is not None:
+        result.flags.writeable = False
+    return result
 
 
 def numpy_reduce(op: str, arrays: list[np.ndarray]) -> np.ndarray:

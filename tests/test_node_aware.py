@@ -14,8 +14,8 @@ from oracles import (
     all_inputs,
     assert_barrier_waits_for_all,
     assert_same,
+    native_case,
     native_op,
-    native_reduction,
     native_scan,
     native_supported,
     numpy_reduce,
@@ -79,7 +79,7 @@ def test_allreduce(nodes_comm, case, algorithm):
             what = f"allreduce {algorithm} {op} {dtype} len {length} run {run}"
             assert_same(got, numpy_reduce(op, inputs), what)
         _same_everywhere(got, what)
-        native = native_reduction("allreduce", inputs[RANK], op)
+        native = native_case("allreduce", seed, length, dtype, op)
         if native is not None:
             assert_same(got, native, f"allreduce {algorithm} {op} {dtype} len {length} vs MPI")
         in_place = inputs[RANK].copy()
@@ -156,7 +156,7 @@ def test_reduce(nodes_comm, algorithm, root, case):
                 assert_same(got, numpy_reduce(op, inputs), what)
             else:
                 assert got is None, what
-        native = native_reduction("reduce", inputs[RANK], op, root)
+        native = native_case("reduce", seed, length, dtype, op, root)
         if native is not None:
             assert_same(got, native, f"{what} vs MPI")
 
@@ -263,7 +263,7 @@ def test_reduce_scatter(nodes_comm, case, algorithm):
         for run in range(3):
             got = nodes_comm.reduce_scatter(inputs[RANK], op=op, algorithm=algorithm)
             assert_same(got, want, f"reduce_scatter {algorithm} {op} {dtype} len {length} run {run}")
-        native = native_reduction("reduce_scatter", inputs[RANK], op)
+        native = native_case("reduce_scatter", seed, (length, 2), dtype, op)
         if native is not None:
             assert_same(got, native, f"reduce_scatter {algorithm} {op} {dtype} len {length} vs MPI")
     for seed, counts in enumerate(RAGGED):

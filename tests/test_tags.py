@@ -12,7 +12,7 @@ from mpiring import identity
 from mpiring.algorithms import ALGORITHMS
 from mpiring.backend import SUPPORTED_DTYPES
 from mpiring.catalogue import NAMES, REDUCING, ROOTED, WITHOUT_DATA
-from mpiring.engine.tags import Tags
+from mpiring.engine.tags import Tags, number_field
 from mpiring.ops import OPS, op_problem
 
 MPICH, OPEN_MPI = 2**29 - 1, 2**31 - 1
@@ -99,9 +99,13 @@ def test_consecutive_blocking_calls_never_share_a_tag(tag_ub):
     assert all(calls[n] != calls[n + 1] for n in range(19)) and calls[0] == calls[8]
     assert all(tags.with_sequence(calls[3], n) == calls[n] for n in range(20))
     base, shift, mask = tags.numbering(calls[0])
-    for n in range(20):  # what replay_c/run.c's number_call does
+    first, field_mask, field_shift = number_field((base, shift, mask), calls[3])
+    for n in range(20):  # what replay_c/run.c's number_call does, and Schedule.bind by number_field
         offset = calls[3] - base
         assert base + ((offset & ~(mask << shift)) | (n & mask) << shift) == calls[n]
+        assert first + ((n & field_mask) << field_shift) == calls[n]
+    assert number_field((base, shift, mask), base - 1) == (base - 1, 0, 0)  # below the base: no number
+    assert number_field((base, shift, 0), calls[3]) == (calls[3], 0, 0)  # no mask: no number
     assert tags.numbering(tags.persistent(3)) == (0, 0, 0) and tags.with_sequence(tags.persistent(3), 5) == \
         tags.persistent(3)
     assert tags.blocking(2, bits) == calls[0]  # a device call's tag: number 0, for a plan's life
