@@ -25,7 +25,6 @@ from mpi4py import MPI
 from mpiring.engine import native
 from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
-from mpiring.engine.schedule import bindable
 from mpiring.engine.transport import Call, Steps, mpi_error
 from mpiring.engine.waiting import as_loss, c_spin, checked_sizes, no_notice, poll, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
@@ -101,7 +100,7 @@ def replay_in_python(ring: Ring, hot: Any, schedule: Any, x: Any, out: Any, time
     in C (mpiring.engine.native), in one function, for each layer costs a small call's time. It
     binds x and out, counts the call in `hot`, runs the exchanges, lets the arrays go and looks
     for a peer's notice. NotImplemented, with nothing changed, where the arrays cannot be bound."""
-    if not bindable(x, out, schedule.own_offset):
+    if not schedule.fits(x, out):
         return NotImplemented
     hot.calls = calls = hot.calls + 1
     schedule.bind(x, out, calls)
