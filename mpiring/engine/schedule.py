@@ -293,12 +293,10 @@ class Schedule(Recording):
             tag = self.call.tag = first + ((calls & mask) << shift)
             first, mask, shift = self._notice_field  # (-1, none: stays -1)
             self._notice_now = first + ((calls & mask) << shift)
-            if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
-                self._used = calls  # (the `used` setter, inline)
             if program is not None:
                 program.tag = tag
-                if calls:
-                    program.used = calls
+            if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
+                self.used = calls
         self.x, self.out = x, out
         if program is not None:  # (it reads their addresses itself)
             program.bind(x, out, None, None)
