@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from mpiring import buffer_api, buffer_specs
-from mpiring.errors import ArgumentError
+from mpiring.errors import ArgumentError, CollectiveTimeout, CommunicationError
 
 pytestmark = pytest.mark.skipif(buffer_specs._SPEC_ITEMS is None, reason="the C extension was not built")
 
@@ -203,3 +203,82 @@ def test_the_c_reading_of_common_calls_is_the_parse_s(name: str) -> None:
                 elif x is out:  # one buffer passed twice (MPI forbids it): the parse's two views of it
                     assert np.shares_memory(want.call[1], want.call[2]), case
     assert taken > 50  # the common forms are read in C
+
+
+def _address(buffer: object) -> int:
+    return np.frombuffer(buffer, np.uint8).__array_interface__["data"][0]
+
+
+def _arrays_of_a_call(send: object, receive: object, datatype: object = MPI.FLOAT, count: int | None = 3,
+                      raising: Exception | None = None) -> tuple:
+    """The (x, out) COMMON_CALL hands a blocking Allreduce's run, at 1 rank; or the run raises."""
+    seen = []
+
+    def run(*call: object) -> None:
+        seen.append(call[1:3])
+        if raising is not None:
+            raise raising
+
+    def spec(buffer: object) -> list:
+        return [buffer, datatype] if count is None else [buffer, count, datatype]
+
+    assert buffer_api.COMMON_CALL(buffer_api.COMMON_FORMS["Allreduce"], spec(send), spec(receive), MPI.SUM, None,
+                                  (0, 1), run) is None
+    return seen[0]
+
+
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
+@pytest.mark.parametrize("count", [3, None])
+def test_a_blocking_call_borrows_byte_buffers_without_holding_them(count: int | None) -> None:
+    """A byte buffer's array in a blocking drop-in call is kept by its address (not made anew by
+    numpy.frombuffer each call) and holds no export of the buffer: between calls the caller may
+    resize or close it, and the next call reads its memory where it is then."""
+    send, receive = mmap.mmap(-1, 12), bytearray(12)
+    x, out = _arrays_of_a_call(send, receive, count=count)
+    assert (x.dtype, x.size, out.size) == (np.float32, 3, 3)
+    assert x.__array_interface__["data"][0] == _address(send) and not x.flags.owndata
+    assert out.__array_interface__["data"][0] == _address(receive) and out.flags.writeable
+    again = _arrays_of_a_call(send, receive, count=count)
+    assert again[0] is x and again[1] is out  # kept, where the buffers still are
+    receive.extend(bytes(1 << 20))  # moves it: no export holds it in place
+    send.close()
+    other = mmap.mmap(-1, 12 if count is None else 4096)
+    x, out = _arrays_of_a_call(other, receive, count=3) if count else _arrays_of_a_call(other, receive[:12], count=None)
+    assert x.__array_interface__["data"][0] == _address(other)
+    if count:
+        assert out.__array_interface__["data"][0] == _address(receive) and out.size == 3
+    np.frombuffer(other, np.float32)[:3] = [1, 2, 3]
+    assert x.tolist() == [1, 2, 3]  # the buffer's memory itself
+    other.close()
+
+
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
+def test_a_borrowed_array_keeps_the_buffer_s_access_and_a_short_buffer_is_left_to_the_parse() -> None:
+    readonly = mmap.mmap(-1, 12, prot=mmap.PROT_READ)
+    x, out = _arrays_of_a_call(readonly, readonly)  # (the engine refuses an out= it cannot write)
+    assert not x.flags.writeable and not out.flags.writeable
+    x, out = _arrays_of_a_call(bytearray(12), bytearray(12))
+    assert x.flags.writeable and out.flags.writeable
+    assert buffer_api.COMMON_CALL(buffer_api.COMMON_FORMS["Allreduce"], [bytearray(8), 3, MPI.FLOAT],
+                                  [bytearray(12), 3, MPI.FLOAT], MPI.SUM, None, (0, 1), _as_run) is NotImplemented
+
+
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
+def test_after_a_timeout_or_a_lost_peer_the_byte_buffers_stay_exported() -> None:
+    """A call a timeout or a lost peer ended leaves its buffers to MPI, which may still write into
+    them (Ring.abandon): their memory must stay, so they can be neither closed nor resized. An
+    error before any message moved leaves them free."""
+    for error in (CollectiveTimeout("allreduce", "ring", 0, ["rank 1"], 1.0),
+                  CommunicationError("allreduce", "rank 1 is gone")):
+        send, receive = mmap.mmap(-1, 12), bytearray(12)
+        with pytest.raises(type(error)):
+            _arrays_of_a_call(send, receive, raising=error)
+        with pytest.raises(BufferError):
+            send.close()
+        with pytest.raises(BufferError):
+            receive.extend(b"more")
+    send, receive = mmap.mmap(-1, 12), bytearray(12)
+    with pytest.raises(ArgumentError):
+        _arrays_of_a_call(send, receive, raising=ArgumentError("allreduce", "op", "no such op"))
+    receive.extend(b"more")
+    send.close()

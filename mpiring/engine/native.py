@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 from mpiring import environment
 from mpiring.engine import state
+from mpiring.errors import CollectiveTimeout, CommunicationError
 from mpiring.ops import AVG, BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, UFUNC_NAMES
 
 try:
@@ -94,8 +95,26 @@ def spec_items(datatypes: dict, dtypes: frozenset, byte_buffers: dict) -> Callab
     spec, else None), reading these tables; None where the extension is not there."""
     if not available():
         return None
-    _replay.spec_tables(datatypes, dtypes, byte_buffers, np.frombuffer)
+    _replay.spec_tables(datatypes, dtypes, byte_buffers, np.frombuffer, array_at)
     return _replay.spec_items
+
+
+def array_at(address: int, nbytes: int, dtype: Any, count: int, readonly: bool) -> Any:
+    """An array of `count` elements of `dtype` (-1: as many as `nbytes` hold; None: bytes) at a
+    byte buffer's address, holding no export of it: the arrays a blocking drop-in call borrows
+    (replay_c/specs.c, borrowed_bytes). None where the buffer is too short or not whole elements."""
+    dtype = _BYTES if dtype is None else dtype
+    size = dtype.itemsize
+    if count < 0:
+        count, rest = divmod(nbytes, size)
+        if rest:
+            return None
+    elif count * size > nbytes:
+        return None
+    return np.frombuffer(MPI.buffer.fromaddress(address, count * size, readonly), dtype, count)
+
+
+_BYTES = np.dtype(np.uint8)
 
 
 def dropin_call(ops: dict, in_place: Any, in_place_alltoall: str) -> Callable[..., Any] | None:
@@ -106,7 +125,8 @@ def dropin_call(ops: dict, in_place: Any, in_place_alltoall: str) -> Callable[..
     in-place all-to-all runs; None where the extension is not there."""
     if not available():
         return None
-    _replay.dropin_tables(ops, in_place, np.empty, array.array, in_place_alltoall)
+    _replay.dropin_tables(ops, in_place, np.empty, array.array, in_place_alltoall,
+                          (CollectiveTimeout, CommunicationError))
     return _replay.dropin_call
 
 

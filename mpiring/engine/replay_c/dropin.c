@@ -19,13 +19,17 @@ static PyObject *in_place;       /* MPI.IN_PLACE */
 static PyObject *empty;          /* numpy.empty */
 static PyObject *int_arrays;     /* array.array: counts as mpi4py's demos give them */
 static PyObject *exchange;       /* the algorithm an in-place all-to-all runs (buffer_api.IN_PLACE_ALLTOALL) */
+static PyObject *abandoning;     /* the errors after which a call's buffers stay with the ring (Ring.abandon) */
 
-/* dropin_tables(ops, in_place, empty, int_arrays, in_place_alltoall): the ops buffer_specs knows,
-   MPI.IN_PLACE, numpy.empty, array.array and the algorithm an in-place all-to-all runs (once). */
+/* dropin_tables(ops, in_place, empty, int_arrays, in_place_alltoall, abandoning): the ops
+   buffer_specs knows, MPI.IN_PLACE, numpy.empty, array.array, the algorithm an in-place all-to-all
+   runs and the errors that leave a call's buffers in MPI's hands (once). */
 PyObject *dropin_tables(PyObject *module, PyObject *args) {
-    PyObject *ops, *place, *make, *arrays, *algorithm;
-    if (!PyArg_ParseTuple(args, "O!OOOU", &PyDict_Type, &ops, &place, &make, &arrays, &algorithm))
+    PyObject *ops, *place, *make, *arrays, *algorithm, *errors;
+    if (!PyArg_ParseTuple(args, "O!OOOUO!", &PyDict_Type, &ops, &place, &make, &arrays, &algorithm, &PyTuple_Type,
+                          &errors))
         return NULL;
+    Py_XSETREF(abandoning, Py_NewRef(errors));
     for (int k = 0; k < D_KINDS; k++)
         if (names[k] == NULL && (names[k] = PyUnicode_InternFromString(lowercase[k])) == NULL)
             return NULL;
@@ -51,9 +55,10 @@ static PyObject *op_name(PyObject *op) {
 static Py_ssize_t length_of(PyObject *items) { return ((const ArrayHead *)items)->dimensions[0]; }
 static PyObject *dtype_of(PyObject *items) { return ((const ArrayHead *)items)->descr; }
 
-/* A spec's elements (a new reference), or NULL where spec_elements found no common form. */
+/* A spec's elements (a new reference), or NULL where spec_elements found no common form; a byte
+   buffer's may be a kept array (the call blocks). */
 static PyObject *elements(PyObject *spec, Py_ssize_t blocks) {
-    PyObject *items = spec_elements(spec, blocks);
+    PyObject *items = spec_elements(spec, blocks, 1);
     if (items == Py_None) {
         Py_DECREF(items);
         return NULL;
@@ -322,6 +327,13 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *call[8] = {names[kind], x, out, name, rooted ? root : Py_None, counts ? counts : Py_None,
                          exchanged ? exchange : Py_None, Py_None};
     PyObject *result = PyObject_Vectorcall(run, call, 8, NULL);
+    if (result == NULL && PyErr_ExceptionMatches(abandoning)) { /* MPI may still use the buffers: keep them */
+        PyObject *type, *error, *traceback;
+        PyErr_Fetch(&type, &error, &traceback);
+        pin_byte_buffer(sendbuf);
+        pin_byte_buffer(recvbuf);
+        PyErr_Restore(type, error, traceback);
+    }
     if (result != NULL && result_block != NULL) { /* both flat and C-contiguous, of one dtype and length */
         Py_buffer from, to;
         int copied = -1;
