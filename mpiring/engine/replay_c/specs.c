@@ -44,10 +44,10 @@ static int next_borrowed;
 /* A byte buffer's memory as `count` elements of `dtype` (-1: all it holds; dtype NULL: bytes), for
    a blocking call that lets go of it when it returns: a kept array where one of this address,
    dtype, count and access still fits in the buffer's length now, else a new one kept (a new
-   reference). NULL, no error set, where there is none (an empty or too short buffer). */
+   reference). NULL, no error set, where there is none (a buffer too short). */
 static PyObject *borrowed_bytes(PyObject *buffer, PyObject *dtype, Py_ssize_t count) {
     Py_buffer view;
-    if (readable_arrays == NULL || array_at == NULL || count == 0 || PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) {
+    if (readable_arrays == NULL || array_at == NULL || PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
         return NULL;
     }
@@ -55,8 +55,6 @@ static PyObject *borrowed_bytes(PyObject *buffer, PyObject *dtype, Py_ssize_t co
     Py_ssize_t length = view.len;
     int readonly = view.readonly;
     PyBuffer_Release(&view);
-    if (length == 0)
-        return NULL;
     for (int i = 0; i < BORROWED; i++) {
         if (borrowed[i].array == NULL || borrowed[i].address != address || borrowed[i].dtype != dtype ||
             borrowed[i].count != count || borrowed[i].readonly != readonly)
