@@ -253,6 +253,22 @@ def test_a_blocking_call_borrows_byte_buffers_without_holding_them(count: int | 
 
 
 @pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
+def test_an_in_place_block_of_a_borrowed_array_is_kept_with_it() -> None:
+    """mpi4py's OSU gather: MPI.IN_PLACE at the root, an mmap receive buffer. The root's own block
+    is the same array at every call (so the engine's memo of the last call takes it), where it lies."""
+    seen = []
+    receive = mmap.mmap(-1, 64)
+    for rank in (1, 1, 2, 1):
+        buffer_api.COMMON_CALL(buffer_api.COMMON_FORMS["Gather"], MPI.IN_PLACE, [receive, 4, MPI.FLOAT], None, rank,
+                               (rank, 4), lambda *call: seen.append(call[1:3]))
+    (x, out), (again, same_out), (other, _), (last, _) = seen
+    assert again is x and same_out is out and other is not x and last is not other
+    assert x.__array_interface__["data"][0] == _address(receive) + 16 and x.size == 4
+    assert other.__array_interface__["data"][0] == _address(receive) + 32
+    assert np.shares_memory(last, x) and last.size == 4
+
+
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
 def test_a_borrowed_array_keeps_the_buffer_s_access_and_a_short_buffer_is_left_to_the_parse() -> None:
     readonly = mmap.mmap(-1, 12, prot=mmap.PROT_READ)
     x, out = _arrays_of_a_call(readonly, readonly)  # (the engine refuses an out= it cannot write)

@@ -264,7 +264,7 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (sendbuf != in_place && sendbuf != Py_None)
             x = elements(sendbuf, blocks_in);
         else if (kind == D_GATHER || kind == D_ALLGATHER) /* in place: this rank's block, where it lies */
-            x = PySequence_GetSlice(out, rank * (length_of(out) / size), (rank + 1) * (length_of(out) / size));
+            x = own_block(out, rank * (length_of(out) / size), (rank + 1) * (length_of(out) / size));
         else
             x = Py_NewRef(out);
         if (x != NULL && (dtype_of(x) != dtype_of(out) || length_of(x) * blocks_out != length_of(out) * blocks_in))

@@ -302,6 +302,7 @@ PyObject *spec_tables(PyObject *module, PyObject *args);
 PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spec_elements(PyObject *spec, Py_ssize_t blocks, int borrow);
 void pin_byte_buffer(PyObject *spec);
+PyObject *own_block(PyObject *array, Py_ssize_t start, Py_ssize_t stop);
 
 /* ---- the drop-in's common calls (dropin.c) ---- */
 

@@ -38,6 +38,8 @@ static struct {
     Py_ssize_t count; /* -1: the whole buffer */
     int readonly;
     PyObject *array;
+    PyObject *block; /* its in-place block (own_block), or NULL */
+    Py_ssize_t block_start;
 } borrowed[BORROWED];
 static int next_borrowed;
 
@@ -78,7 +80,28 @@ static PyObject *borrowed_bytes(PyObject *buffer, PyObject *dtype, Py_ssize_t co
     borrowed[k].count = count;
     borrowed[k].readonly = readonly;
     Py_XSETREF(borrowed[k].array, Py_NewRef(made));
+    Py_CLEAR(borrowed[k].block);
     return made;
+}
+
+/* Elements start:stop of flat `array` (a new reference): an in-place call's own block. Of a
+   borrowed array, the block kept with it where it is the same one, so that a repeated call
+   passes the very arrays it passed last (the Shortcut's memo then takes it). */
+PyObject *own_block(PyObject *array, Py_ssize_t start, Py_ssize_t stop) {
+    for (int i = 0; i < BORROWED; i++) {
+        if (borrowed[i].array != array)
+            continue;
+        PyObject *block = borrowed[i].block;
+        if (block != NULL && borrowed[i].block_start == start && ((const ArrayHead *)block)->dimensions[0] == stop - start)
+            return Py_NewRef(block);
+        block = PySequence_GetSlice(array, start, stop);
+        if (block != NULL && Py_TYPE(block) == readable_arrays) {
+            Py_XSETREF(borrowed[i].block, Py_NewRef(block));
+            borrowed[i].block_start = start;
+        }
+        return block;
+    }
+    return PySequence_GetSlice(array, start, stop);
 }
 
 /* Keep `spec`'s byte buffer exported for good: a borrowed array of it stays with a call a timeout
