@@ -223,7 +223,7 @@ class Recording:
         self.exchanges: tuple[Exchange, ...] | None = ()
         self.prologue_works: tuple = ()  # as the C replay takes them
         self.prologue_in_python: tuple = ()  # as the Python replay runs them
-        # whether a run receives anything: only then can it have taken a peer's abandoned data
+        # whether a run receives any bytes: only then can it have taken a peer's abandoned data
         self.receives = False
 
     def _exchanges_from(self, prologue: tuple, exchanges: list[Exchange],
@@ -239,7 +239,7 @@ class Recording:
             exchange.during_in_python = python_form(exchange.during)
             exchange.after_in_python = python_form(exchange.after)
         self.exchanges = tuple(exchanges)
-        self.receives = any(exchange.step.receives for exchange in exchanges)
+        self.receives = any(nbytes for exchange in exchanges for _, nbytes, _ in exchange.step.receives)
 
     # ---- what mpiring.engine.run runs ----
 
