@@ -2,10 +2,10 @@
  * mpi4py's buffer specs in their common forms, read in C: spec_items is the first look of
  * mpiring.buffer_specs.simple, with the tables spec_tables is given once.
  *
- * A byte buffer (bytearray, mmap) is seen as a NumPy array of its memory. numpy.frombuffer makes
- * one in about 0.25 us, a quarter of a small call on Open MPI; a blocking drop-in call instead
- * borrows one of a few arrays kept by address (`borrowed_bytes`), which hold no export of the
- * buffer, so the caller may still resize or close it between calls.
+ * A byte buffer (bytearray, mmap) is seen as a NumPy array of its memory. numpy.frombuffer would
+ * make one per call, a large part of a small call's cost; a blocking drop-in call instead borrows
+ * one of a few arrays kept by address (`borrowed_bytes`), which hold no export of the buffer, so
+ * the caller may still resize or close it between calls.
  */
 #include "replay.h"
 
