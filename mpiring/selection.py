@@ -94,6 +94,10 @@ NODE_SWITCH_POINTS: dict[str, list[tuple[int | None, str]]] = {
     # the flat choice from 64 KiB to 8 MiB per rank and tied at 16 B (the figures:
     # docs/measurements.md#node-aware-gather-scatter-reduce-scatter-and-scan)
     "reduce_scatter": [(None, "node_leader")],
+    # one message across to each other node's leader, which scatters it inside: to 64 KiB the
+    # root's p-k separate crossings cost more than the second hop, at 2 x 2 and 4 x 2 ranks over
+    # 1 and 10 Gbit/s; above, the two tied (docs/measurements.md#node-aware-gather-scatter-reduce-scatter-and-scan)
+    "scatter": [(64 << 10, "node_leader"), (None, FLAT)],
 }
 
 # collective -> [(largest message in bytes, algorithm)] for flat algorithms whose ranks all sit on

@@ -375,3 +375,12 @@ def test_auto_runs_node_aware_algorithms_on_several_nodes(monkeypatch):
         for collective in ("allreduce", "broadcast", "reduce_scatter"):  # allgather's layout round is tested above
             chosen = comm.plan_of(collective, x).call.algorithm
             assert chosen.startswith("node_") is hierarchical, (collective, chosen)
+        # a small scatter crosses once into each other node; a large one runs the flat choice
+        for rows in (N, 1 << 14):
+            whole = np.ones(rows) if RANK == 0 else None
+            counts = [len(part) for part in np.array_split(np.empty(rows), N)]
+            mine = np.empty(counts[RANK])
+            for _ in range(2):
+                comm.scatter(whole, out=mine, counts=counts)
+            chosen = comm.plan_of("scatter", whole, mine, counts=counts).call.algorithm
+            assert chosen.startswith("node_") is (hierarchical and rows == N), (rows, chosen)
