@@ -124,10 +124,11 @@ void pin_byte_buffer(PyObject *spec) {
    short or the count no int (the parse says why). */
 static PyObject *counted_bytes(PyObject *buffer, PyObject *count, PyObject *dtype, Py_ssize_t blocks, int borrow) {
     Py_ssize_t each = PyLong_CheckExact(count) ? PyLong_AsSsize_t(count) : -1;
-    PyObject *kept = borrow && each >= 0 && each <= PY_SSIZE_T_MAX / blocks ? borrowed_bytes(buffer, dtype, each * blocks) : NULL;
+    Py_ssize_t elements = each >= 0 && each <= PY_SSIZE_T_MAX / blocks ? each * blocks : -1;
+    PyObject *kept = borrow && elements >= 0 ? borrowed_bytes(buffer, dtype, elements) : NULL;
     if (kept != NULL)
         return kept;
-    PyObject *total = each >= 0 && each <= PY_SSIZE_T_MAX / blocks ? PyLong_FromSsize_t(each * blocks) : NULL;
+    PyObject *total = elements >= 0 ? PyLong_FromSsize_t(elements) : NULL;
     PyObject *args[3] = {buffer, dtype, total};
     PyObject *items = total ? PyObject_Vectorcall(frombuffer, args, 3, NULL) : NULL;
     Py_XDECREF(total);
