@@ -16,6 +16,7 @@ from __future__ import annotations
 import array
 import ctypes
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -249,8 +250,8 @@ _NO_OPERAND = (-1, None, None)
 def _operand_of(roots: list, ref: tuple[int, int], nbytes: int, dtype: np.dtype) -> tuple:
     """How the Python replay finds the `nbytes` at `ref` as `dtype`: (root, None, None) the whole
     root; (root, slice, None) elements of it, where its dtype is `dtype`; (root, byte slice,
-    dtype) a byte range viewed so; (-1, the view, None) a view made now, of an array the schedule
-    owns (roots 2 on: they stay)."""
+    dtype) a byte range viewed so; (-1, the view, None) a view made now, of part of an array the
+    schedule owns (roots 2 on: they stay)."""
     root, offset = ref
     array = roots[root]
     size = dtype.itemsize
@@ -259,7 +260,7 @@ def _operand_of(roots: list, ref: tuple[int, int], nbytes: int, dtype: np.dtype)
         operand = (root, None if start == 0 and stop == array.size else slice(start, stop), None)
     else:
         operand = (root, slice(offset, offset + nbytes), dtype)
-    if root < 2:
+    if root < 2 or operand[1] is None:  # (a whole root of its own stays where it is)
         return operand
     return -1, _operand(roots, operand), None
 
@@ -272,6 +273,20 @@ def _operand(roots: list, operand: tuple) -> Any:
     if index is None:
         return array
     return array[index] if dtype is None else array.view(_UINT8)[index].view(dtype)
+
+
+def python_work(spec: tuple, roots: list) -> Callable[[], None]:
+    """A work spec as one call of the Python replay (on the arrays `roots` hold when it runs):
+    an op on whole roots, the common case of a small call, calls its ufunc on them directly."""
+    form = python_form(spec, roots)
+    kind, ufunc, _, out, a, b = form
+    if kind == WORK_OP and out[1] is None and a[1] is None and b[1] is None:
+        return partial(_op_on_roots, roots, ufunc, out[0], a[0], b[0])
+    return partial(work_in_python, roots, form)
+
+
+def _op_on_roots(roots: list, ufunc: Any, out: int, a: int, b: int) -> None:
+    ufunc(roots[a], roots[b], out=roots[out])
 
 
 def work_in_python(roots: list, form: tuple) -> None:

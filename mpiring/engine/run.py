@@ -25,12 +25,13 @@ from mpi4py import MPI
 from mpiring.engine import native
 from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
+from mpiring.engine.schedule import RESULT_NONE, RESULT_OUT, ROOT_OUT, ROOT_X, bindable
 from mpiring.engine.transport import Call, Steps, mpi_error
 from mpiring.engine.waiting import as_loss, c_spin, checked_sizes, no_notice, poll, wait_step
 from mpiring.errors import CollectiveTimeout, CommunicationError
 
 _testall, _waitall = MPI.Request.Testall, MPI.Request.Waitall
-_BYTE = MPI.BYTE
+_BYTE, _ANY_SOURCE = MPI.BYTE, MPI.ANY_SOURCE
 
 
 def array_bytes(arrays: tuple) -> int:
@@ -99,8 +100,9 @@ def replay_in_python(ring: Ring, hot: Any, schedule: Any, x: Any, out: Any, time
     """A cached call in the Python replay, with nothing else in flight: what `Program.call` does
     in C (mpiring.engine.native), in one function, for each layer costs a small call's time. It
     binds x and out, counts the call in `hot`, runs the exchanges, lets the arrays go and looks
-    for a peer's notice. NotImplemented, with nothing changed, where the arrays cannot be bound."""
-    if not schedule.fits(x, out):
+    for a peer's notice. NotImplemented, with nothing changed, where the arrays cannot be bound.
+    The schedule has no C form (`compiled` None), so its binding is the Python replay's alone."""
+    if not bindable(x, out, schedule.own_offset):  # (schedule.fits, inline)
         return NotImplemented
     hot.calls = calls = hot.calls + 1
     schedule.bind(x, out, calls)
@@ -111,15 +113,18 @@ def replay_in_python(ring: Ring, hot: Any, schedule: Any, x: Any, out: Any, time
         if schedule.prologue_in_python:
             schedule.prologue()
         _exchanges_in_python(ring, schedule, 0, False, 0.0)
-        result = schedule.run_result()
+        kind = schedule.result_kind  # (schedule.run_result, inline)
+        result = None if kind == RESULT_NONE else schedule.out if kind == RESULT_OUT else schedule.x
     except native.LayoutChanged:
         result = schedule.after_change(ring, timeout)
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, schedule)  # it stays bound: MPI may still use the arrays
         raise
-    schedule.unbind()
-    if schedule.notice >= 0:  # it took data: none may come from a call a peer left
-        schedule.no_notice(ring)
+    roots = schedule.flat_roots  # (schedule.unbind, inline)
+    schedule.x = schedule.out = roots[ROOT_X] = roots[ROOT_OUT] = None
+    # it took data: none may come from a call a peer left (schedule.no_notice, inline)
+    if schedule.notice >= 0 and schedule.notice_comm.Iprobe(_ANY_SOURCE, schedule.notice_now, ring.probed):
+        no_notice(ring, call.collective, call.algorithm)  # raises, naming the peer
     return result
 
 
@@ -178,7 +183,7 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
     already spent on exchange `first`); then the size checks and the work after it."""
     call = recorded.call
     timeout = call.timeout
-    exchanges, post, do = recorded.exchanges, recorded.start_messages, recorded.do
+    exchanges, post = recorded.exchanges, recorded.start_messages
     for index in range(first, len(exchanges)):
         exchange = exchanges[index]
         step = exchange.step
@@ -187,8 +192,8 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
         try:
             if index > first or not started:
                 post(index)  # recorded.start, inline: its messages, then its work in flight
-                if exchange.during_in_python:
-                    do(exchange.during_in_python)
+                for work in exchange.during_in_python:
+                    work()
             if timeout is None:
                 _waitall(requests, statuses)
             elif not _testall(requests, statuses):  # not there yet: wait, until the timeout
@@ -198,8 +203,8 @@ def _exchanges_in_python(ring: Ring, recorded: Any, first: int, started: bool, w
         for position, expected, _ in step.receives:
             if statuses[position].Get_count(_BYTE) != expected:
                 checked_sizes(ring, step, statuses, call)  # raises, naming the sender
-        if exchange.after_in_python:
-            do(exchange.after_in_python)  # recorded.finish, inline
+        for work in exchange.after_in_python:  # recorded.finish, inline
+            work()
 
 
 def _exchanges_advancing_others(ring: Ring, recorded: Any) -> None:

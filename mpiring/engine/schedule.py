@@ -184,7 +184,7 @@ class Schedule(Recording):
                       else 0 if out is None else out.size)
         self.owned = tuple(roots.arrays[2:])
         # the Python replay's roots: flat views of the arrays bound now (x, out) and of its own
-        self._roots: list[numpy.ndarray | None] = [None if a is None else _flat(a) for a in roots.arrays]
+        self.flat_roots: list[numpy.ndarray | None] = [None if a is None else _flat(a) for a in roots.arrays]
         prologue, exchanges = fuse(recorder)
         for exchange in exchanges:
             for message in exchange.messages:
@@ -193,8 +193,8 @@ class Schedule(Recording):
                 message.array = None  # bound per call from here on
             exchange.during = self._works_of(exchange.during, roots)
             exchange.after = self._works_of(exchange.after, roots)
-        self._exchanges_from(self._works_of(prologue, roots), exchanges, partial(_in_python, self._roots))
-        self._roots[ROOT_X] = self._roots[ROOT_OUT] = None
+        self._exchanges_from(self._works_of(prologue, roots), exchanges, partial(_in_python, self.flat_roots))
+        self.flat_roots[ROOT_X] = self.flat_roots[ROOT_OUT] = None
         # how the Python replay posts each exchange's messages: (request index, Irecv or Isend,
         # root, (bytes, byte offset) in it, peer, tag past the call's)
         self._posts = tuple(tuple((m.index, ring.comm.Irecv if m.receive else ring.comm.Isend, m.ref[0],
@@ -209,7 +209,7 @@ class Schedule(Recording):
         self.sequence = ring.tags.numbering(ring.blocking_tag(0, numbered=False))
         notice = ring.tags.notice(ring.failures) if self.receives and self.sequence[2] else None
         self.notice = -1 if notice is None else notice  # looked for after each run (waiting.no_notice)
-        self._notice_now = self.notice  # the notice of the blocking run bound now (`bind` numbers it)
+        self.notice_now = self.notice  # the notice of the blocking run bound now (`bind` numbers it)
         self._tag_field = number_field(self.sequence, call.tag)  # (what `bind` numbers them by)
         self._notice_field = number_field(self.sequence, self.notice)
         self.compiled = native.program(self, ring.busy_poll)
@@ -271,7 +271,7 @@ class Schedule(Recording):
 
     def free(self) -> None:
         super().free()
-        self._roots, self._posts = [], ()
+        self.flat_roots, self._posts = [], ()
 
     # ---- binding ----
 
@@ -292,27 +292,29 @@ class Schedule(Recording):
             first, mask, shift = self._tag_field  # (tags.numbered, inline)
             tag = self.call.tag = first + ((calls & mask) << shift)
             first, mask, shift = self._notice_field  # (-1, none: stays -1)
-            self._notice_now = first + ((calls & mask) << shift)
+            self.notice_now = first + ((calls & mask) << shift)
+            if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
+                self._used = calls  # (`used`, inline)
             if program is not None:
                 program.tag = tag
-            if calls:  # (0: messages alone, numbered so on every rank: `messages_only`)
-                self.used = calls
+                if calls:
+                    program.used = calls
         self.x, self.out = x, out
         if program is not None:  # (it reads their addresses itself)
             program.bind(x, out, None, None)
         # the Python replay posts its messages and does its work on flat views of them
-        roots = self._roots
+        roots = self.flat_roots
         roots[ROOT_X] = x if x is None or x.ndim == 1 else x.reshape(-1)
         roots[ROOT_OUT] = out if out is None or out.ndim == 1 else out.reshape(-1)
 
     def no_notice(self, ring: Ring) -> None:
         """Raise if a peer left the blocking run bound last (waiting.no_notice: its one MPI_Iprobe here)."""
-        if self.notice_comm.Iprobe(_ANY_SOURCE, self._notice_now, ring.probed):
+        if self.notice_comm.Iprobe(_ANY_SOURCE, self.notice_now, ring.probed):
             no_notice(ring, self.call.collective, self.call.algorithm)  # raises, naming the peer
 
     def unbind(self) -> None:
         self.x = self.out = None
-        self._roots[ROOT_X] = self._roots[ROOT_OUT] = None
+        self.flat_roots[ROOT_X] = self.flat_roots[ROOT_OUT] = None
         if self.compiled is not None:
             self.compiled.unbind()
 
@@ -355,7 +357,7 @@ class Schedule(Recording):
 
     def take_bound_arrays(self) -> None:
         program = self.compiled
-        roots = self._roots
+        roots = self.flat_roots
         roots[ROOT_X] = None if program.x is None else _flat(program.x)
         roots[ROOT_OUT] = None if program.out is None else _flat(program.out)
 
@@ -364,7 +366,7 @@ class Schedule(Recording):
         if program is not None:
             native.start(program, index)
             return
-        requests, tag, roots = self.exchanges[index].step.requests, self.call.tag, self._roots
+        requests, tag, roots = self.exchanges[index].step.requests, self.call.tag, self.flat_roots
         for position, post, root, span, peer, tag_offset in self._posts[index]:
             requests[position] = post([_EMPTY if root < 0 else roots[root], span, _BYTE], peer, tag + tag_offset)
 
@@ -471,8 +473,8 @@ def _allocator(shape: tuple[int, ...], dtype: Any) -> Callable[[], numpy.ndarray
 
 def _in_python(roots: list, work: Any) -> Any:
     """Recorded work as the Python replay runs it: a C spec decoded once for these roots
-    (native.python_form), done on the arrays they hold when it runs; or the call itself."""
-    return work if callable(work) else partial(native.work_in_python, roots, native.python_form(work, roots))
+    (native.python_work), done on the arrays they hold when it runs; or the call itself."""
+    return work if callable(work) else native.python_work(work, roots)
 
 
 def _work_on_views(schedule: Schedule, kind: str, op: str | None, views: tuple, divisor: int) -> None:
