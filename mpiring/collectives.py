@@ -35,6 +35,15 @@ _NO_OUT, _BAD_OUT = -1, -2
 # The header the scatter root sends ahead of the data: status, ndim, dtype, then the shape.
 _MAX_DIMS = 64
 HEADER_BYTES = (3 + _MAX_DIMS) * 8
+_ACCEPTED, _REJECTED, _IN_SLOT = 0, 1, 2  # its status: the data follows; x was rejected; the data came with it
+
+# A scatter without counts= at a few ranks of one node sends each rank a slot: the header and,
+# where every rank's block fits, that block after it (one message per rank, where a header
+# broadcast and then the data took two). Every slot has the same size, so a rank receives its
+# own before it knows its rows.
+SLOT_BYTES = 1024
+SLOT_DATA = 576  # where a slot's block starts (past the header, 64-byte aligned)
+SLOT_MAX_RANKS = 8
 
 
 class Output:
@@ -290,24 +299,32 @@ def scatter(
     header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
     """
     if layout is None:
-        header = yield from _scatter_header(ring, backend, call, x, root, root_problem)
-        return (yield from ring.after_layout(header, partial(_scatter_after_header, root=root, counts=counts),
-                                             backend, call, x, out))
+        slot = None
+        if 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1:
+            header, slot = yield from _scatter_slots(ring, backend, call, x, root, root_problem)
+        else:
+            header = yield from _scatter_header(ring, backend, call, x, root, root_problem)
+        return (yield from ring.after_layout(header, partial(_scatter_after_header, root=root, counts=counts,
+                                                             slot=slot), backend, call, x, out))
     return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, layout))
 
 
 def _scatter_after_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, header: Any, root: int,
-                          counts: list[int] | None) -> Steps:
+                          counts: list[int] | None, slot: Any) -> Steps:
     """The scatter once the root's header has arrived (a rank whose x was rejected at the root raises)."""
-    if header[0]:
+    if header[0] == _REJECTED:
         raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
     ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
     shape = tuple(int(n) for n in header[3 : 3 + ndim])
-    return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, (shape, dtype)))
+    return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, (shape, dtype),
+                                       header[0] == _IN_SLOT, slot))
 
 
 def _scatter_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
-                    counts: list[int] | None, layout: tuple[tuple[int, ...], Any]) -> Steps:
+                    counts: list[int] | None, layout: tuple[tuple[int, ...], Any], in_slots: bool = False,
+                    slot: Any = None) -> Steps:
+    """The data of a scatter whose layout every rank knows: by the algorithm, or, where the
+    header's slots brought every block (`in_slots`), from this rank's `slot` (the root: from x)."""
     shape, dtype = layout
     rows = row_bounds(shape[0], ring.size, counts)
     r = ring.rank
@@ -316,9 +333,51 @@ def _scatter_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
     target = Output(backend, out, mine_shape, dtype, source=x if ring.rank == root else None)
     bounds = [b * _row_size(shape) for b in rows]
     src = backend.flat(x) if ring.rank == root else None
+    if in_slots:
+        call.algorithm = "linear"  # (what ran: the root sent every block)
+        block = src[bounds[r] : bounds[r + 1]] if r == root else backend.asarray(
+            slot[SLOT_DATA : SLOT_DATA + target.flat.nbytes])
+        if block.size:
+            backend.copy(target.flat.view(numpy.uint8), block.view(numpy.uint8))
+        return target.result()
     algorithm = _algorithm(ring, call, bounds[-1] * dtype.itemsize)
     yield from algorithm(ring, backend, call.tag, root, src, target.flat, bounds)
     return target.result()
+
+
+def _scatter_slots(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
+                   root_problem: ArgumentError | None) -> Steps:
+    """The root sends every other rank a slot (SLOT_BYTES): its header, then that rank's block
+    where every block fits (status _IN_SLOT: x on the host, `auto`). Returns (header, the slot
+    received, or None on the root)."""
+    host = _host_side(backend)
+    if ring.rank != root:
+        slot = ring.metadata(SLOT_BYTES, numpy.uint8)
+        yield ring.post(host, call.tag, receives=[(slot, root)])
+        return slot[:HEADER_BYTES].view(numpy.int64), slot
+    header = ring.metadata(HEADER_BYTES // 8, numpy.int64)
+    header[:] = 0
+    header[0] = _REJECTED
+    if root_problem is None:
+        header[0], header[1], header[2] = _ACCEPTED, x.ndim, _encode_dtype(x.dtype)
+        header[3 : 3 + x.ndim] = x.shape
+        row = _row_size(x.shape) * x.dtype.itemsize
+        bounds = [b * row for b in row_bounds(x.shape[0], ring.size, None)]
+        widest = max(bounds[k + 1] - bounds[k] for k in range(ring.size))
+        if widest <= SLOT_BYTES - SLOT_DATA and not backend.on_device and call.algorithm in (None, "auto"):
+            header[0] = _IN_SLOT
+    others = [(root + k) % ring.size for k in range(1, ring.size)]
+    slots = ring.metadata(len(others) * SLOT_BYTES, numpy.uint8).reshape(len(others), SLOT_BYTES)
+    slots[:, :HEADER_BYTES] = header.view(numpy.uint8)
+    if header[0] == _IN_SLOT:
+        data = backend.flat(x).view(numpy.uint8)
+        for slot, k in zip(slots, others, strict=True):
+            if bounds[k + 1] > bounds[k]:
+                host.copy(slot[SLOT_DATA : SLOT_DATA + bounds[k + 1] - bounds[k]], data[bounds[k] : bounds[k + 1]])
+    yield ring.post(host, call.tag, sends=list(zip(slots, others, strict=True)))
+    if root_problem is not None:
+        raise root_problem
+    return header, None
 
 
 def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
@@ -329,14 +388,14 @@ def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
     if ring.rank == root:
         header[:] = 0
         if root_problem is None:
-            header[0], header[1], header[2] = 0, x.ndim, _encode_dtype(x.dtype)
+            header[0], header[1], header[2] = _ACCEPTED, x.ndim, _encode_dtype(x.dtype)
             header[3 : 3 + x.ndim] = x.shape
         else:
-            header[0] = 1
+            header[0] = _REJECTED
     # small: ceil(lg p) hops; across nodes, one crossing into each node
     header_broadcast = broadcast_node_leader if ring.nodes.hierarchical else broadcast_binomial
     yield from header_broadcast(ring, _host_side(backend), call.tag, root, header)
-    if header[0] and root_problem is not None:
+    if header[0] == _REJECTED and root_problem is not None:
         raise root_problem
     return header
 

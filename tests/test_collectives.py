@@ -23,6 +23,7 @@ from oracles import (
 )
 
 import mpiring
+from mpiring import collectives
 from mpiring.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.mpi
@@ -326,6 +327,34 @@ def test_scatter_inverts_gather(comm):
         back = comm.gather(part, root=0)
         if RANK == 0:
             assert_same(back, full, f"gather(scatter) rows {rows}")
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int16", "float32", "complex128")], ids=str)
+def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtype):
+    """`auto` without counts= at a few ranks of one node: every block that fits comes in its rank's
+    slot, with the header, in one message; larger ones follow it. The root's rows change from call
+    to call across the slot's size, and each layout repeats, so the recorded schedules meet every
+    change (a rank whose recorded header no longer matches finishes by the new one)."""
+    row_bytes = 3 * dtype.itemsize
+    fits = (collectives.SLOT_BYTES - collectives.SLOT_DATA) // row_bytes * N  # the most rows whose blocks fit
+    sequence = [0, 1, N, fits, fits + N, 13, BIG // 3, fits, 2, fits + 1]
+    slots = 1 < N <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
+    for _ in range(3):  # each layout seen, recorded, replayed
+        for seed, rows in enumerate(sequence):
+            root = seed % N
+            full = rank_input(seed, root, (rows, 3), dtype)
+            comm.traffic.reset()
+            got = comm.scatter(full if RANK == root else None, root=root)
+            sent = comm.traffic.messages
+            part = np.array_split(full, N)[RANK]
+            assert_same(got, part, f"scatter {dtype} rows {rows} root {root}")
+            native = np.empty_like(part)
+            WORLD.Scatterv([full, [len(b) * 3 for b in np.array_split(full, N)]] if RANK == root else None,
+                           native, root=root)
+            assert_same(got, native, f"scatter {dtype} rows {rows} root {root} vs MPI")
+            in_slot = slots and -(-rows // N) * row_bytes <= collectives.SLOT_BYTES - collectives.SLOT_DATA
+            if in_slot:  # the root's slots alone: one message to every other rank
+                assert sent == (N - 1 if RANK == root else 0), f"rows {rows}: {sent} messages sent"
 
 
 def test_communicator_wraps_subcommunicators():
