@@ -192,7 +192,9 @@ ROWS: list[Row] = [
         "timed out in this call and left it, and its notice ended this rank's wait; ...)`), or, where its call "
         "completed, `MessageMismatchError` (`rank 0 raised in this call and left it (see the error there) while "
         "this rank's allreduce ... went on: its data may come from the call that rank left`): every call that "
-        "received data asks, at its end, for a notice of this very call (one `MPI_Iprobe`)", min_ranks=2),
+        "received data asks, at its end, whether a peer left this very call (on one node a look at the ranks' "
+        "notice board in shared memory, else one `MPI_Iprobe` for its notice); at 2 ranks a 1-element call "
+        "always completes and raises so", min_ranks=2),
     Row("no-write-after-raise", f"after a call raised ({T}), the caller writes its `out=` while a late peer's "
         "broadcast, all-gather or 1M-element all-reduce sends to it", "the written values stay: the receives a "
         "raising call still had posted are cancelled (`MPI_Cancel`, then completed) before it raises, so MPI writes "

@@ -37,6 +37,7 @@ from typing import Any
 from mpi4py import MPI
 
 from mpiring import topology
+from mpiring.engine.notice_board import open_board
 from mpiring.engine.ring import Ring
 from mpiring.errors import CommunicationError
 
@@ -133,6 +134,8 @@ def private_ring(base: MPI.Intracomm) -> tuple[Ring, bool]:
             made.append(made[0].Dup())
             ring = Ring(*made)
             ring.nodes, ring.node_local, cores_for_all = topology.discover(ring.comm)
+            if ring.node_local and ring.size > 1:
+                ring.notice_board = open_board(ring.comm)
     except CommunicationError:
         for comm in made:
             comm.Free()

@@ -334,7 +334,8 @@ def program(schedule: Any, busy: bool, with_work: bool = True) -> Any:
     return _replay.Program(schedule.prologue_works if with_work else (), tuple(specs), comm, busy, tag, roots,
                            schedule.owned, schedule.x_bytes, schedule.out_bytes, schedule.allocate,
                            schedule.result_kind, schedule.traffic, schedule, schedule.sequence, notice,
-                           schedule.items, MPI._handleof(schedule.notice_comm), schedule.own_offset)
+                           schedule.items, MPI._handleof(schedule.notice_comm), schedule.own_offset,
+                           None if schedule.notice_board is None else schedule.notice_board.c_form())
 
 
 def plan_program(plan: Any, prologue: tuple, exchanges: tuple | None, busy: bool) -> Any:

@@ -110,6 +110,9 @@ class Ring:
         self.notices: list[MPI.Request] = []  # sends of waiting.leave_notice not yet known complete
         self.notice = bytearray(8)  # where a peer's notice is received (mpiring.engine.waiting)
         self.probed = MPI.Status()  # where waiting's probes for notices write
+        # where ranks of one node post the calls they left (mpiring.engine.notice_board; the
+        # Communicator opens it): a completed call looks there rather than probing for a notice
+        self.notice_board: Any = None
         self.persistent_requests = 0  # made so far; picks each one's tag
         # how plans send: persistent requests, or new ones each run (transport.make_step;
         # read_settings: MPIRING_PERSISTENT_SENDS, else transport.persistent_sends_suit)

@@ -27,11 +27,20 @@ from mpiring.engine.recording import POST, WAIT
 from mpiring.engine.ring import Ring
 from mpiring.engine.schedule import RESULT_NONE, RESULT_OUT, ROOT_OUT, ROOT_X, bindable
 from mpiring.engine.transport import Call, Steps, mpi_error
-from mpiring.engine.waiting import as_loss, c_spin, checked_sizes, no_notice, poll, wait_step
+from mpiring.engine.waiting import (
+    as_loss,
+    c_spin,
+    checked_sizes,
+    no_notice,
+    notice_from,
+    poll,
+    raise_left,
+    wait_step,
+)
 from mpiring.errors import CollectiveTimeout, CommunicationError
 
 _testall, _waitall = MPI.Request.Testall, MPI.Request.Waitall
-_BYTE, _ANY_SOURCE = MPI.BYTE, MPI.ANY_SOURCE
+_BYTE = MPI.BYTE
 
 
 def array_bytes(arrays: tuple) -> int:
@@ -87,7 +96,7 @@ def run_recorded(ring: Ring, recorded: Any, timeout: float | None) -> Any:
             spin = c_spin(timeout)
             stopped = program.run(0, False, spin)
     except native.LayoutChanged:
-        return recorded.after_change(ring, timeout)
+        return run_to_end(ring, *recorded.after_change(ring, timeout))
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, recorded)  # its requests may still be active: keep their buffers
         raise
@@ -116,15 +125,17 @@ def replay_in_python(ring: Ring, hot: Any, schedule: Any, x: Any, out: Any, time
         kind = schedule.result_kind  # (schedule.run_result, inline)
         result = None if kind == RESULT_NONE else schedule.out if kind == RESULT_OUT else schedule.x
     except native.LayoutChanged:
-        result = schedule.after_change(ring, timeout)
+        result = run_to_end(ring, *schedule.after_change(ring, timeout))
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(call, error, schedule)  # it stays bound: MPI may still use the arrays
         raise
     roots = schedule.flat_roots  # (schedule.unbind, inline)
     schedule.x = schedule.out = roots[ROOT_X] = roots[ROOT_OUT] = None
     # it took data: none may come from a call a peer left (schedule.no_notice, inline)
-    if schedule.notice >= 0 and schedule.notice_comm.Iprobe(_ANY_SOURCE, schedule.notice_now, ring.probed):
-        no_notice(ring, call.collective, call.algorithm)  # raises, naming the peer
+    if schedule.notice >= 0:
+        peer = notice_from(ring, schedule.notice_now, calls)
+        if peer >= 0:
+            raise_left(ring, call.collective, call.algorithm, calls, peer)
     return result
 
 
@@ -137,7 +148,7 @@ def resume_recorded(ring: Ring, recorded: Any, timeout: float | None, stopped: t
     try:
         resume_exchanges(ring, recorded, stopped, spin)
     except native.LayoutChanged:
-        return recorded.after_change(ring, timeout)
+        return run_to_end(ring, *recorded.after_change(ring, timeout))
     except (CollectiveTimeout, CommunicationError) as error:
         ring.abandon(recorded.call, error, recorded)
         raise

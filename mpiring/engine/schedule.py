@@ -41,7 +41,7 @@ from mpiring.engine.recording import Recorder, Recording, RecordingBackend, Unsc
 from mpiring.engine.ring import Ring
 from mpiring.engine.tags import number_field
 from mpiring.engine.transport import Call, Step, Traffic
-from mpiring.engine.waiting import no_notice
+from mpiring.engine.waiting import notice_from, raise_left
 from mpiring.ops import UFUNC_NAMES
 
 ROOT_X, ROOT_OUT = 0, 1
@@ -171,7 +171,7 @@ class Schedule(Recording):
         self.changes = 0  # layouts its key's schedules have seen change (after_change)
         self.stale = False  # a layout round brought another layout: the key records anew
         self._changed_at = 0  # `runs` when its layout last changed
-        self.comm, self.notice_comm = ring.comm, ring.notice_comm
+        self.comm, self.notice_comm, self.notice_board = ring.comm, ring.notice_comm, ring.notice_board
         self._used = self._runs = 0
         # what a run returns; and for a call without out=, what makes its result
         self.result_kind, self.allocate = self._result_of(roots, x, out, result)
@@ -308,9 +308,10 @@ class Schedule(Recording):
         roots[ROOT_OUT] = out if out is None or out.ndim == 1 else out.reshape(-1)
 
     def no_notice(self, ring: Ring) -> None:
-        """Raise if a peer left the blocking run bound last (waiting.no_notice: its one MPI_Iprobe here)."""
-        if self.notice_comm.Iprobe(_ANY_SOURCE, self.notice_now, ring.probed):
-            no_notice(ring, self.call.collective, self.call.algorithm)  # raises, naming the peer
+        """Raise if a peer left the blocking run bound last (waiting.no_notice, for its tag and number)."""
+        peer = notice_from(ring, self.notice_now, self._used)
+        if peer >= 0:
+            raise_left(ring, self.call.collective, self.call.algorithm, self._used, peer)
 
     def unbind(self) -> None:
         self.x = self.out = None
@@ -325,13 +326,12 @@ class Schedule(Recording):
             return (program.x, program.out, *self.owned)
         return (self.x, self.out, *self.owned)
 
-    def after_change(self, ring: Ring, timeout: float | None) -> Any:
-        """Finish the bound call, whose layout round brought another layout than the recorded one,
-        as an unrecorded call does (its rest for this layout, run by its generator). The schedule
-        goes stale: its key records the layout now in use at its next call, unless its layouts
-        keep changing at once (then every call finishes this way)."""
-        from mpiring.engine.run import run_to_end  # (run.py runs schedules: imported late)
-
+    def after_change(self, ring: Ring, timeout: float | None) -> tuple[Any, Call]:
+        """The rest of the bound call, whose layout round brought another layout than the recorded
+        one, as an unrecorded call finishes (its generator's steps for this layout, and the call they
+        run as: run.run_to_end runs them). The schedule goes stale: its key records the layout now
+        in use at its next call, unless its layouts keep changing at once (then every call finishes
+        this way)."""
         # a layout kept for a few calls starts the count again; one that changes at once adds to it
         runs = self.runs
         kept, self._changed_at = runs - self._changed_at - 1, runs  # replays of one layout before this one
@@ -342,8 +342,7 @@ class Schedule(Recording):
         layout = self.layout
         call = Call(self.call.collective, layout.algorithm, self.tags.with_sequence(layout.tag, ring.calls), timeout)
         out = None if self.allocate is not None else roots[ROOT_OUT]  # the caller's out=, if it gave one
-        steps = layout.finish(ring, NUMPY, call, roots[ROOT_X], out, layout.table)
-        return run_to_end(ring, steps, call)
+        return layout.finish(ring, NUMPY, call, roots[ROOT_X], out, layout.table), call
 
     def run_result(self) -> Any:
         """What the run bound last returns."""
@@ -383,7 +382,7 @@ class Schedule(Recording):
 
 
 _EMPTY = numpy.empty(0, numpy.uint8)
-_BYTE, _ANY_SOURCE = MPI.BYTE, MPI.ANY_SOURCE
+_BYTE = MPI.BYTE
 
 
 # How often in a row a key's layout may change within STABLE_RUNS calls of being recorded before

@@ -392,16 +392,34 @@ def _notice_from(ring: Ring, source: int, status: MPI.Status) -> tuple[int, int]
 def no_notice(ring: Ring, collective: str, algorithm: str | None, calls: int | None = None) -> None:
     """Raise if a peer left the call numbered `calls` (this one by default): its notice has come,
     and a call that completed with it may have taken data it sent for that call and rewrote
-    since. Every call that received data asks once, at its end (one MPI_Iprobe; the C replay
+    since. Every call that received data asks once, at its end (`notice_from`; the C replay
     asks the same)."""
     if ring.size == 1:
         return
     number = ring.hot.calls if calls is None else calls
     tag = ring.tags.notice(ring.failures, number)  # a notice that a peer left this very call
-    if tag is not None and ring.notice_comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
-        raise MessageMismatchError(collective, f"rank {ring.probed.Get_source()} raised in this call and left it "
-                                   f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
-                                   f"call {number} here) went on: its data may come from the call that rank left")
+    if tag is not None:
+        peer = notice_from(ring, tag, number)
+        if peer >= 0:
+            raise_left(ring, collective, algorithm, number, peer)
+
+
+def notice_from(ring: Ring, tag: int, number: int) -> int:
+    """The peer that left the call numbered `number` (its notice tag `tag`), or -1: on the
+    ranks' notice board where they share one (a few loads), else one MPI_Iprobe for its notice."""
+    board = ring.notice_board
+    if board is not None:
+        return board.who_left(tag, number)
+    if ring.notice_comm.Iprobe(MPI.ANY_SOURCE, tag, ring.probed):
+        return ring.probed.Get_source()
+    return -1
+
+
+def raise_left(ring: Ring, collective: str, algorithm: str | None, number: int, peer: int) -> None:
+    """`peer` left the call numbered `number`, which this rank completed: raise."""
+    raise MessageMismatchError(collective, f"rank {peer} raised in this call and left it "
+                               f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
+                               f"call {number} here) went on: its data may come from the call that rank left")
 
 
 def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> None:
@@ -415,6 +433,8 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
     tag = ring.tags.notice(ring.failures, ring.calls if calls is None else calls)
     if tag is None or isinstance(error, (RankLostError, CommunicatorRevokedError)):
         return  # (survival: every live peer learns of a loss or a revoke by itself, at once)
+    if ring.notice_board is not None:  # first: a peer that completed the call finds it (no_notice)
+        ring.notice_board.post(tag, ring.calls if calls is None else calls)
     ring.notices = [request for request in ring.notices if not request.Test()]
     notice = struct.pack("d", error.seconds) if isinstance(error, CollectiveTimeout) else b""  # kept by its requests
     comm = ring.notice_comm

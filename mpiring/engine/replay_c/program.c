@@ -38,6 +38,8 @@ static void program_clear(Program *self) {
     Py_CLEAR(self->allocate);
     Py_CLEAR(self->traffic);
     Py_CLEAR(self->schedule);
+    Py_CLEAR(self->board);
+    self->board_rows = NULL;
 }
 
 static int program_traverse(Program *self, visitproc visit, void *arg) {
@@ -48,6 +50,7 @@ static int program_traverse(Program *self, visitproc visit, void *arg) {
     Py_VISIT(self->allocate);
     Py_VISIT(self->traffic);
     Py_VISIT(self->schedule);
+    Py_VISIT(self->board);
     for (Py_ssize_t i = 0; self->exchanges != NULL && i < self->length; i++) {
         Py_VISIT(self->exchanges[i].works);
         Py_VISIT(self->exchanges[i].during_works);
@@ -140,20 +143,28 @@ static int exchange_init(Exchange *e, PyObject *spec, Py_ssize_t nroots) {
 }
 
 /* Program(prologue, exchanges, comm, busy, tag, roots, owned, x_bytes, out_bytes, allocate, result,
-   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1), notice_comm=comm, own_offset=-1):
-   roots: a tuple of root addresses (0 and 1 placeholders, bound per call). */
+   traffic, schedule, sequence=(base, shift, mask), notice=-1, items=(-1, -1), notice_comm=comm, own_offset=-1,
+   board=None): roots: a tuple of root addresses (0 and 1 placeholders, bound per call); board: the
+   notice board as (its object, its rows' address, ranks, slots, this rank), or None. */
 static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     PyObject *prologue, *specs, *roots, *owned, *allocate, *traffic, *schedule;
     unsigned long long comm, notice_comm = 0;
     int busy = 0, tag = 0, result = RESULT_NONE, base = 0, shift = 0, mask = 0, notice = -1;
     Py_ssize_t x_bytes = 0, out_bytes = 0, x_items = -1, out_items = -1, own_offset = -1;
+    PyObject *board = Py_None;
     static char *names[] = {"prologue", "exchanges", "comm", "busy", "tag", "roots", "owned", "x_bytes",
                             "out_bytes", "allocate", "result", "traffic", "schedule", "sequence", "notice",
-                            "items", "notice_comm", "own_offset", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)Kn", names, &PyTuple_Type, &prologue,
+                            "items", "notice_comm", "own_offset", "board", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!KpiO!OnnOiO!O|(iii)i(nn)KnO", names, &PyTuple_Type, &prologue,
                                      &PyTuple_Type, &specs, &comm, &busy, &tag, &PyTuple_Type, &roots, &owned, &x_bytes,
                                      &out_bytes, &allocate, &result, &CountersType, &traffic, &schedule, &base, &shift, &mask,
-                                     &notice, &x_items, &out_items, &notice_comm, &own_offset))
+                                     &notice, &x_items, &out_items, &notice_comm, &own_offset, &board))
+        return -1;
+    PyObject *board_object = NULL;
+    unsigned long long board_rows = 0;
+    int board_ranks = 0, board_slots = 0, board_rank = -1;
+    if (board != Py_None && !PyArg_ParseTuple(board, "OKiii;board: (object, address, ranks, slots, rank)", &board_object,
+                                              &board_rows, &board_ranks, &board_slots, &board_rank))
         return -1;
     if (!mpi.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind() the MPI library first");
@@ -168,6 +179,14 @@ static int program_init(Program *self, PyObject *args, PyObject *kwds) {
     self->sequence_shift = shift;
     self->sequence_mask = mask;
     self->notice = notice;
+    self->notice_key = -1;
+    if (board_object != NULL && board_rows) {
+        self->board = Py_NewRef(board_object);
+        self->board_rows = (const long long *)(uintptr_t)board_rows;
+        self->board_ranks = board_ranks;
+        self->board_slots = board_slots;
+        self->board_rank = board_rank;
+    }
     self->result = result;
     self->x_bytes = x_bytes;
     self->out_bytes = out_bytes;

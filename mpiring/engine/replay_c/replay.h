@@ -223,6 +223,10 @@ typedef struct {
     int tag;                   /* the call's tag: a message's tag is this plus its own */
     int sequence_base, sequence_shift, sequence_mask; /* where the call's number goes in its tag (mask 0: none) */
     int notice;                /* the tag of a notice that a peer left a call of this generation (-1: none) */
+    long long notice_key;      /* that call's key on the notice board (its tag and number) */
+    PyObject *board;           /* the ranks' notice board (mpiring.engine.notice_board), kept alive; NULL: none */
+    const long long *board_rows; /* its rows: board_ranks of board_slots keys each */
+    int board_ranks, board_slots, board_rank;
     Py_ssize_t nroots;
     char **base;               /* roots: 0 and 1 bound per call (x, out), the rest the schedule's own */
     PyObject *owned;           /* the owned roots' arrays, kept alive */

@@ -9,13 +9,25 @@
 #include <sched.h>
 #include <time.h>
 
-/* A peer's notice that it left a call of this generation is waiting (a call that completed may
-   have taken data that peer sent for the call it left): 1, else 0 (or an MPI error: 0, the run
+/* A peer left the call now numbered (a call that completed may have taken data that peer sent
+   for the call it left): 1, else 0. Where the ranks share a notice board, its key there
+   (mpiring.engine.notice_board); else its notice, by one MPI_Iprobe (an MPI error: 0, the run
    stands as a Python run would). */
 int notice_waiting(const Program *p) {
     int flag = 0;
     char status[256];
-    if (p->notice < 0 || mpi.status_size > (Py_ssize_t)sizeof(status))
+    if (p->notice < 0)
+        return 0;
+    if (p->board_rows != NULL) {
+        for (int rank = 0; rank < p->board_ranks; rank++) {
+            const volatile long long *row = p->board_rows + (Py_ssize_t)rank * p->board_slots;
+            for (int slot = 0; rank != p->board_rank && slot < p->board_slots; slot++)
+                if (row[slot] == p->notice_key)
+                    return 1;
+        }
+        return 0;
+    }
+    if (mpi.status_size > (Py_ssize_t)sizeof(status))
         return 0;
     probe(p->notice, p->notice_comm, &flag, status);
     return flag;
@@ -30,12 +42,12 @@ static int numbered(const Program *p, int tag, long long calls) {
 /* The program's tag (a blocking one: a persistent request's carries no number), and the notice
    it looks for, for the call numbered `calls`. */
 void number_call(Program *p, long long calls) {
-    if (!p->sequence_mask)
-        return;
-    if (p->tag >= p->sequence_base)
+    if (p->sequence_mask && p->tag >= p->sequence_base)
         p->tag = numbered(p, p->tag, calls);
-    if (p->notice >= 0)
+    if (p->sequence_mask && p->notice >= 0)
         p->notice = numbered(p, p->notice, calls);
+    if (p->notice >= 0)
+        p->notice_key = (long long)p->notice << 32 | (calls & 0xFFFFFFFFLL); /* notice_board.key */
 }
 
 /* Post one message made anew: at its root's base + offset, its tag the call's plus its own. */
