@@ -7,10 +7,10 @@ time per call after loops of 100, 1,000 and 10,000 calls.
 
 In such a loop the root only sends, so it can run ahead of the others by as many calls as MPI
 lets it; the messages wait in the receivers' queue of unexpected messages. A receiver ends each
-call of a recorded schedule with one MPI_Iprobe for a peer's notice (docs/engine.md, "Notices"),
-on the notices' own communicator, so that the probe never walks that queue. `--no-notice-probe`
-records the schedules without it, to show its share: a run without the check is not safe to use
-otherwise.
+call of a recorded schedule with a look for a peer that left it (docs/engine.md, "Notices"): the
+ranks' notice board where they share a node, else one MPI_Iprobe for its notice on the notices'
+own communicator; neither walks that queue. `--no-notice-probe` records the schedules without
+the look, to show its share: a run without the check is not safe to use otherwise.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", type=int, default=8, help="message size (default 8)")
     parser.add_argument("--loops", type=int, nargs="+", default=[100, 1000, 10000])
-    parser.add_argument("--no-notice-probe", action="store_true", help="record schedules without the notice probe")
+    parser.add_argument("--no-notice-probe", action="store_true", help="record schedules without the end-of-call look for a peer that left")
     args = parser.parse_args()
     if args.no_notice_probe:
         make_program = native.program
