@@ -47,7 +47,8 @@ def _info() -> int:
     print(f"large host arrays mpiring makes (mpiring.empty): {host_memory.describe()}")
     print(f"world size: {comm.Get_size()}, on {nodes.describe()} (node-aware algorithms: "
           f"{'yes' if nodes.hierarchical else 'no, one node or one rank per node'}); waits "
-          f"{'spin' if spins else 'offer the core'} (MPIRING_BUSY_POLL unset)")
+          f"{'spin' if spins else 'offer the core'} (MPIRING_BUSY_POLL unset"
+          f"{'; the MPI library offers the core in each test' if topology.library_yields_when_idle() else ''})")
     print("\n".join(rows))
     return 0
 

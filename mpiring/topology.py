@@ -20,13 +20,17 @@ everywhere (MPICH's MPIR_CVAR_ENABLE_SMP_COLLECTIVES=0), for comparisons.
 The machine is not the node: emulated nodes (network namespaces, containers) share one kernel
 and its cores, and a rank that spins on a core its neighbour needs slows both. Ranks compare the
 kernel's boot id, the same in every namespace of one machine, to count who shares their cores.
+Where the MPI library itself offers the core whenever a test finds nothing done (Open MPI's
+`mpi_yield_when_idle`, which its launcher turns on for an oversubscribed node), a wait need not
+offer it again between tests: it spins, and each test offers the core.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 
 from mpi4py import MPI
 
@@ -162,10 +166,36 @@ def discover(comm: MPI.Intracomm) -> tuple[NodeMap, bool, bool]:
     machine = facts[comm.Get_rank()][1]
     neighbours = [cpus for _, other, cpus in facts if other == machine]
     cores = set().union(*neighbours)
-    spins = len(cores) >= max(len(neighbours), local_ranks())
+    spins = len(cores) >= max(len(neighbours), local_ranks()) or library_yields_when_idle()
     if environment.flag(NODE_AWARE, "Communicator") is False:
         return NodeMap.single(comm.Get_size()), node_local, spins
     return NodeMap(split_virtual(nodes, environment.text(VIRTUAL_NODES))), node_local, spins
+
+
+@cache
+def library_yields_when_idle() -> bool:
+    """Whether the MPI library offers the core itself in a test that finds nothing done: Open
+    MPI's control variable `mpi_yield_when_idle`, read through the MPI tool interface (False
+    where the library has no such variable or the interface cannot be reached)."""
+    try:
+        library = ctypes.CDLL(MPI.__file__)  # (dlsym searches the libraries mpi4py's module links)
+        provided = ctypes.c_int()
+        if library.MPI_T_init_thread(0, ctypes.byref(provided)) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    try:
+        index, handle, count = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_int()
+        if library.MPI_T_cvar_get_index(b"mpi_yield_when_idle", ctypes.byref(index)) != 0:
+            return False
+        if library.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle), ctypes.byref(count)) != 0:
+            return False
+        value = (ctypes.c_char * 16)()  # a bool or an int: zeroed, so any nonzero byte means on
+        read = library.MPI_T_cvar_read(handle, value)
+        library.MPI_T_cvar_handle_free(ctypes.byref(handle))
+        return read == 0 and any(value.raw)
+    finally:
+        library.MPI_T_finalize()
 
 
 def _machine() -> str:

@@ -728,13 +728,30 @@ def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy
 
 def test_a_node_short_of_cores_offers_them(monkeypatch):
     """Without MPIRING_BUSY_POLL, waits spin only where the CPUs the node's ranks may use,
-    together, are at least as many as the ranks."""
+    together, are at least as many as the ranks, or where the MPI library offers the core in
+    each test itself (then a wait offering it too would offer it twice)."""
     from mpiring import topology
     monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
-    for cpus, busy in (({1000 + RANK}, True), ({0}, N == 1)):  # a CPU each; one CPU for all
-        monkeypatch.setattr(topology, "_allowed_cpus", lambda cpus=cpus: cpus)
-        with mpiring.Communicator() as comm:
-            assert comm._ring.busy_poll is (busy and N > 1), cpus
+    for yields in (False, True):
+        monkeypatch.setattr(topology, "library_yields_when_idle", lambda yields=yields: yields)
+        for cpus, busy in (({1000 + RANK}, True), ({0}, N == 1 or yields)):  # a CPU each; one CPU for all
+            monkeypatch.setattr(topology, "_allowed_cpus", lambda cpus=cpus: cpus)
+            with mpiring.Communicator() as comm:
+                assert comm._ring.busy_poll is (busy and N > 1), (cpus, yields)
+
+
+def test_the_library_yields_when_idle_only_where_its_control_variable_says_so(monkeypatch):
+    """Open MPI's `mpi_yield_when_idle`, read through the MPI tool interface: MPICH has no such
+    variable, and a library that cannot be reached says no."""
+    from mpiring import topology
+    if "MPICH" in MPI.Get_library_version():
+        assert topology.library_yields_when_idle() is False
+    topology.library_yields_when_idle.cache_clear()
+    monkeypatch.setattr(topology.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError("no library")))
+    try:
+        assert topology.library_yields_when_idle() is False
+    finally:
+        topology.library_yields_when_idle.cache_clear()
 
 
 def test_nodes_on_one_machine_count_its_cores_together(monkeypatch):
@@ -744,6 +761,7 @@ def test_nodes_on_one_machine_count_its_cores_together(monkeypatch):
     from mpiring import topology
     monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
     monkeypatch.setattr(topology, "local_ranks", lambda: 0)
+    monkeypatch.setattr(topology, "library_yields_when_idle", lambda: False)
     monkeypatch.setattr(topology, "_allowed_cpus", lambda: {0})  # one CPU each, the same one
     monkeypatch.setenv("MPIRING_VIRTUAL_NODES", str(N))  # a node per rank
     for machine, busy in ((lambda: "one machine", N == 1), (lambda: f"machine {RANK}", True)):

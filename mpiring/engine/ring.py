@@ -129,8 +129,9 @@ class Ring:
         self.nodes = NodeMap.single(self.size)
         # every rank on one real node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
-        # the node has a core for each of its ranks: waits spin without offering the core
-        # (read_settings; MPIRING_BUSY_POLL overrides). Oversubscribed ranks offer it.
+        # the node has a core for each of its ranks, or the MPI library offers it in each test:
+        # waits spin without offering the core themselves (read_settings; MPIRING_BUSY_POLL
+        # overrides). Oversubscribed ranks offer it.
         self.busy_poll = False
         self.received = 0  # steps posted with receives so far (a call that received nothing needs no notice check)
         self.scratch_pool = ScratchPool()  # its limit is MPIRING_SCRATCH_BYTES (read_settings)
