@@ -21,6 +21,7 @@ from mpiring.algorithms.broadcast_binomial import broadcast_binomial
 from mpiring.algorithms.broadcast_node_leader import broadcast_node_leader
 from mpiring.backend import NUMPY, NumpyBackend, dtype_from_token, dtype_token, is_bfloat16
 from mpiring.engine.partition import bounds_from_counts, row_bounds
+from mpiring.engine.recording import Unschedulable
 from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Call, Steps
 from mpiring.errors import ArgumentError, CollectiveMismatchError
@@ -35,14 +36,18 @@ _NO_OUT, _BAD_OUT = -1, -2
 # The header the scatter root sends ahead of the data: status, ndim, dtype, then the shape.
 _MAX_DIMS = 64
 HEADER_BYTES = (3 + _MAX_DIMS) * 8
-_ACCEPTED, _REJECTED, _IN_SLOT = 0, 1, 2  # its status: the data follows; x was rejected; the data came with it
+_ACCEPTED, _REJECTED, _IN_SLOT, _LONG = 0, 1, 2, 3  # its status: the data follows; x was rejected;
+# the data came with it (in a slot, below); the shape has more dimensions than a slot holds
 
-# A scatter without counts= at a few ranks of one node sends each rank a slot: the header and,
-# where every rank's block fits, that block after it (one message per rank, where a header
-# broadcast and then the data took two). Every slot has the same size, so a rank receives its
-# own before it knows its rows.
-SLOT_BYTES = 1024
-SLOT_DATA = 576  # where a slot's block starts (past the header, 64-byte aligned)
+# A scatter without counts= at a few ranks of one node sends each rank a slot of 256 bytes, as
+# much as Open MPI passes on its fastest path: the header (status, ndim, dtype and up to SLOT_DIMS
+# dimensions) and, where every rank's block fits in the rest, that rank's block (one message per
+# rank, where a header broadcast and then the data took two). Every slot has the same size, so a
+# rank receives its own before it knows its rows. A shape of more dimensions goes in a whole
+# header after the slot (_LONG).
+SLOT_BYTES = 256
+SLOT_DIMS = 9
+SLOT_DATA = (3 + SLOT_DIMS) * 8  # where a slot's block starts
 SLOT_MAX_RANKS = 8
 
 
@@ -299,21 +304,28 @@ def scatter(
     header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
     """
     if layout is None:
-        slot = None
         if 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1:
-            header, slot = yield from _scatter_slots(ring, backend, call, x, root, root_problem)
+            header, slot, whole = yield from _scatter_slots(ring, backend, call, x, root, root_problem)
         else:
-            header = yield from _scatter_header(ring, backend, call, x, root, root_problem)
+            header, slot, whole = (yield from _scatter_header(ring, backend, call, x, root, root_problem)), None, None
         return (yield from ring.after_layout(header, partial(_scatter_after_header, root=root, counts=counts,
-                                                             slot=slot), backend, call, x, out))
+                                                             slot=slot, whole=whole), backend, call, x, out))
     return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, layout))
 
 
 def _scatter_after_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, header: Any, root: int,
-                          counts: list[int] | None, slot: Any) -> Steps:
-    """The scatter once the root's header has arrived (a rank whose x was rejected at the root raises)."""
+                          counts: list[int] | None, slot: Any, whole: Any) -> Steps:
+    """The scatter once the root's header has arrived (a rank whose x was rejected at the root
+    raises). Where its slot said _LONG, the whole header comes next (`whole`: the root's own)."""
     if header[0] == _REJECTED:
         raise ArgumentError("scatter", "x", f"rejected on the root, rank {root} (see the error there)")
+    if header[0] == _LONG:
+        if whole is None:
+            if ring.recorder is not None:  # its table holds too few dimensions to check a replay's shape by
+                raise Unschedulable("a scatter header of more dimensions than a slot holds")
+            whole = ring.metadata(HEADER_BYTES // 8, numpy.int64)
+            yield ring.post(_host_side(backend), call.tag, receives=[(whole, root)])
+        header = whole
     ndim, dtype = int(header[1]), _decode_dtype(int(header[2]), backend)
     shape = tuple(int(n) for n in header[3 : 3 + ndim])
     return (yield from _scatter_layout(ring, backend, call, x, root, out, counts, (shape, dtype),
@@ -347,37 +359,49 @@ def _scatter_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root:
 
 def _scatter_slots(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
                    root_problem: ArgumentError | None) -> Steps:
-    """The root sends every other rank a slot (SLOT_BYTES): its header, then that rank's block
-    where every block fits (status _IN_SLOT: x on the host, `auto`). Returns (header, the slot
-    received, or None on the root)."""
+    """The root sends every other rank a slot: its header, then that rank's block where every
+    block fits (status _IN_SLOT: x on the host, `auto`), or, for a shape of more than SLOT_DIMS
+    dimensions, the whole header after it (_LONG). Returns (the table: the slot's header; the
+    slot received, or None on the root; the whole header the root sent after its slots, or None)."""
     host = _host_side(backend)
     if ring.rank != root:
         slot = ring.metadata(SLOT_BYTES, numpy.uint8)
         yield ring.post(host, call.tag, receives=[(slot, root)])
-        return slot[:HEADER_BYTES].view(numpy.int64), slot
-    header = ring.metadata(HEADER_BYTES // 8, numpy.int64)
+        return slot[:SLOT_DATA].view(numpy.int64), slot, None
+    header = ring.metadata(SLOT_DATA // 8, numpy.int64)
     header[:] = 0
     header[0] = _REJECTED
+    whole = None
     if root_problem is None:
         header[0], header[1], header[2] = _ACCEPTED, x.ndim, _encode_dtype(x.dtype)
-        header[3 : 3 + x.ndim] = x.shape
-        row = _row_size(x.shape) * x.dtype.itemsize
-        bounds = [b * row for b in row_bounds(x.shape[0], ring.size, None)]
-        widest = max(bounds[k + 1] - bounds[k] for k in range(ring.size))
-        if widest <= SLOT_BYTES - SLOT_DATA and not backend.on_device and call.algorithm in (None, "auto"):
-            header[0] = _IN_SLOT
+        if x.ndim > SLOT_DIMS:
+            header[0] = _LONG
+            whole = ring.metadata(HEADER_BYTES // 8, numpy.int64)
+            whole[:] = 0
+            whole[1], whole[2] = x.ndim, _encode_dtype(x.dtype)
+            whole[3 : 3 + x.ndim] = x.shape
+        else:
+            header[3 : 3 + x.ndim] = x.shape
+            row = _row_size(x.shape) * x.dtype.itemsize
+            bounds = [b * row for b in row_bounds(x.shape[0], ring.size, None)]
+            widest = max(bounds[k + 1] - bounds[k] for k in range(ring.size))
+            if widest <= SLOT_BYTES - SLOT_DATA and not backend.on_device and call.algorithm in (None, "auto"):
+                header[0] = _IN_SLOT
     others = [(root + k) % ring.size for k in range(1, ring.size)]
     slots = ring.metadata(len(others) * SLOT_BYTES, numpy.uint8).reshape(len(others), SLOT_BYTES)
-    slots[:, :HEADER_BYTES] = header.view(numpy.uint8)
+    slots[:, :SLOT_DATA] = header.view(numpy.uint8)
     if header[0] == _IN_SLOT:
         data = backend.flat(x).view(numpy.uint8)
         for slot, k in zip(slots, others, strict=True):
             if bounds[k + 1] > bounds[k]:
                 host.copy(slot[SLOT_DATA : SLOT_DATA + bounds[k + 1] - bounds[k]], data[bounds[k] : bounds[k + 1]])
-    yield ring.post(host, call.tag, sends=list(zip(slots, others, strict=True)))
+    sends = list(zip(slots, others, strict=True))
+    if whole is not None:  # after the slot, to the same rank with the same tag: MPI keeps their order
+        sends += [(whole, k) for k in others]
+    yield ring.post(host, call.tag, sends=sends)
     if root_problem is not None:
         raise root_problem
-    return header, None
+    return header, None, whole
 
 
 def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,

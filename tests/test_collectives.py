@@ -330,29 +330,33 @@ def test_scatter_inverts_gather(comm):
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int16", "float32", "complex128")], ids=str)
-def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtype):
+@pytest.mark.parametrize("ndim", sorted({2, collectives.SLOT_DIMS, collectives.SLOT_DIMS + 1, 12}))
+def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtype, ndim):
     """`auto` without counts= at a few ranks of one node: every block that fits comes in its rank's
-    slot, with the header, in one message; larger ones follow it. The root's rows change from call
-    to call across the slot's size, and each layout repeats, so the recorded schedules meet every
-    change (a rank whose recorded header no longer matches finishes by the new one)."""
+    slot, with the header, in one message; larger ones follow it, and a shape of more dimensions
+    than a slot holds comes in a whole header after it. The root's rows change from call to call
+    across the slot's size, and each layout repeats, so the recorded schedules meet every change
+    (a rank whose recorded header no longer matches finishes by the new one)."""
+    inner = (1,) * (ndim - 2) + (3,)  # each row: 3 elements, in ndim - 1 dimensions
     row_bytes = 3 * dtype.itemsize
-    fits = (collectives.SLOT_BYTES - collectives.SLOT_DATA) // row_bytes * N  # the most rows whose blocks fit
+    room = collectives.SLOT_BYTES - collectives.SLOT_DATA
+    fits = room // row_bytes * N  # the most rows whose blocks fit
     sequence = [0, 1, N, fits, fits + N, 13, BIG // 3, fits, 2, fits + 1]
     slots = 1 < N <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
     for _ in range(3):  # each layout seen, recorded, replayed
         for seed, rows in enumerate(sequence):
             root = seed % N
-            full = rank_input(seed, root, (rows, 3), dtype)
+            full = rank_input(seed, root, (rows, *inner), dtype)
             comm.traffic.reset()
             got = comm.scatter(full if RANK == root else None, root=root)
             sent = comm.traffic.messages
             part = np.array_split(full, N)[RANK]
-            assert_same(got, part, f"scatter {dtype} rows {rows} root {root}")
+            assert_same(got, part, f"scatter {dtype} rows {rows} root {root} ndim {ndim}")
             native = np.empty_like(part)
             WORLD.Scatterv([full, [len(b) * 3 for b in np.array_split(full, N)]] if RANK == root else None,
                            native, root=root)
-            assert_same(got, native, f"scatter {dtype} rows {rows} root {root} vs MPI")
-            in_slot = slots and -(-rows // N) * row_bytes <= collectives.SLOT_BYTES - collectives.SLOT_DATA
+            assert_same(got, native, f"scatter {dtype} rows {rows} root {root} ndim {ndim} vs MPI")
+            in_slot = slots and ndim <= collectives.SLOT_DIMS and -(-rows // N) * row_bytes <= room
             if in_slot:  # the root's slots alone: one message to every other rank
                 assert sent == (N - 1 if RANK == root else 0), f"rows {rows}: {sent} messages sent"
 
