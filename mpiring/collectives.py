@@ -29,7 +29,9 @@ from mpiring.selection import choose
 from mpiring.validation import check_out, out_problem
 
 # Per-rank record of the layout exchange that gather and allgather run first.
-LAYOUT_FIELDS = 3  # rows, signature (dtype and trailing shape), state of out= (see below)
+# rows, signature (dtype and trailing shape), state of out= (see below), whether the rank's block came
+# in its slot (below)
+LAYOUT_FIELDS = 4
 LAYOUT_BYTES = LAYOUT_FIELDS * 8
 _NO_OUT, _BAD_OUT = -1, -2
 
@@ -101,14 +103,34 @@ def _describe(dtype: Any, trailing: tuple[int, ...]) -> str:
 
 def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool, backend: NumpyBackend) -> Steps:
     """All-gather every rank's row count, with its dtype and row shape signature and the rows of
-    its out= (`_layout_rows` checks that they fit together). Returns the table: every rank's."""
+    its out= (`_layout_rows` checks that they fit together). Returns (the table: every rank's;
+    the slots, where the ranks sent them, else None).
+
+    At up to SLOT_MAX_RANKS ranks of one node every rank sends every other a slot of SLOT_BYTES
+    (one round, each message on Open MPI's fastest path): its record, then, where it fits and x is
+    on the host (`auto`), its block, so a small gather or all-gather needs no other message."""
     trailing = tuple(x.shape[1:])
     out_state, _ = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
-    p = ring.size
+    p, r = ring.size, ring.rank
     table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
-    table[ring.rank * LAYOUT_FIELDS :][:LAYOUT_FIELDS] = (x.shape[0], _signature(x.dtype, trailing), out_state)
-    yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
-    return table
+    record = table[r * LAYOUT_FIELDS :][:LAYOUT_FIELDS]
+    if not (1 < p <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1):
+        record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, 0)
+        yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
+        return table, None
+    host = _host_side(backend)
+    in_slot = x.nbytes <= SLOT_BYTES - LAYOUT_BYTES and not backend.on_device and call.algorithm in (None, "auto")
+    record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, int(in_slot))
+    slots = ring.metadata(p * SLOT_BYTES, numpy.uint8).reshape(p, SLOT_BYTES)  # rank k's in row k (this rank's: sent)
+    slots[r, :LAYOUT_BYTES] = record.view(numpy.uint8)
+    if in_slot and x.nbytes:
+        host.copy(slots[r, LAYOUT_BYTES : LAYOUT_BYTES + x.nbytes], backend.flat(x).view(numpy.uint8))
+    others = [(r + k) % p for k in range(1, p)]
+    yield ring.post(host, call.tag, sends=[(slots[r], k) for k in others], receives=[(slots[k], k) for k in others])
+    records = table.view(numpy.uint8).reshape(p, LAYOUT_BYTES)
+    for k in others:  # (copies, so that a replay checks the table it received: WORK_EXPECT)
+        host.copy(records[k], slots[k, :LAYOUT_BYTES])
+    return table, slots
 
 
 def _all_gather_table(ring: Ring, backend: NumpyBackend, call: Call, table: Any, width: int) -> Steps:
@@ -124,10 +146,29 @@ def _layout_rows(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: bool
     """Every rank's rows, from a layout table. Raises the same error on every rank when the ranks'
     arrays and out= do not fit together, since every rank then holds the same table."""
     _, own_problem = _out_state(out if out_rows_needed else None, tuple(x.shape[1:]), x.dtype, backend)
-    rows = table[0::3]
+    rows = table[0::LAYOUT_FIELDS]
     total = int(rows.sum())
-    _check_agreement(ring, call.collective, x, table[1::3], table[2::3], [total] * ring.size, own_problem)
+    _check_agreement(ring, call.collective, x, table[1::LAYOUT_FIELDS], table[2::LAYOUT_FIELDS],
+                     [total] * ring.size, own_problem)
     return [int(n) for n in rows]
+
+
+def _blocks_in_slots(table: Any, slots: Any) -> bool:
+    """Whether every rank's block came in its slot of the layout round."""
+    return slots is not None and bool(table[3::LAYOUT_FIELDS].all())
+
+
+def _copy_from_slots(ring: Ring, backend: NumpyBackend, x: Any, flat_out: Any, bounds: list[int], slots: Any) -> None:
+    """Every rank's block into its place in `flat_out` (bounds in elements): this rank's from x,
+    the others' from their slots."""
+    data = flat_out.view(numpy.uint8)
+    size = flat_out.itemsize
+    for k in range(ring.size):
+        start, stop = bounds[k] * size, bounds[k + 1] * size
+        if stop > start:
+            source = backend.flat(x).view(numpy.uint8) if k == ring.rank else backend.asarray(
+                slots[k, LAYOUT_BYTES : LAYOUT_BYTES + stop - start])
+            backend.copy(data[start:stop], source)
 
 
 def _out_state(out: Any, trailing: tuple[int, ...], dtype: Any, backend: NumpyBackend) -> tuple[int, str | None]:
@@ -247,19 +288,28 @@ def reduce_scatter(ring: Ring, backend: NumpyBackend, call: Call, x: Any, op: st
 def allgather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int] | None = None) -> Steps:
     """`rows`: every rank's row count when the caller knows them (counts=)."""
     if rows is None:
-        table = yield from _exchange_layout(ring, call, x, out, True, backend)
-        return (yield from ring.after_layout(table, _allgather_after_layout, backend, call, x, out))
+        table, slots = yield from _exchange_layout(ring, call, x, out, True, backend)
+        return (yield from ring.after_layout(table, partial(_allgather_after_layout, slots=slots), backend, call,
+                                             x, out))
     return (yield from _allgather_rows(ring, backend, call, x, out, rows))
 
 
-def _allgather_after_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any) -> Steps:
+def _allgather_after_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any,
+                            slots: Any) -> Steps:
     rows = _layout_rows(ring, call, x, out, True, backend, table)
-    return (yield from _allgather_rows(ring, backend, call, x, out, rows))
+    return (yield from _allgather_rows(ring, backend, call, x, out, rows, slots if _blocks_in_slots(table, slots)
+                                       else None))
 
 
-def _allgather_rows(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int]) -> Steps:
+def _allgather_rows(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, rows: list[int],
+                    slots: Any = None) -> Steps:
+    """`slots`: the layout round's, where every block came in them."""
     target = Output(backend, out, (sum(rows), *x.shape[1:]), x.dtype, source=x)
     bounds = bounds_from_counts(rows, _row_size(x.shape))
+    if slots is not None:
+        call.algorithm = "scattered"  # (what ran: every rank sent its block to every other)
+        _copy_from_slots(ring, backend, x, target.flat, bounds, slots)
+        return target.result()
     algorithm = _algorithm(ring, call, target.array.nbytes)
     yield from algorithm(ring, backend, call.tag, target.flat, bounds, src=backend.flat(x))
     return target.result()
@@ -270,24 +320,32 @@ def gather(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out
     """`rows`: every rank's row count when the caller knows them (counts=)."""
     if rows is None:
         is_root = ring.rank == root
-        table = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
-        return (yield from ring.after_layout(table, partial(_gather_after_layout, root=root), backend, call, x, out))
+        table, slots = yield from _exchange_layout(ring, call, x, out if is_root else None, is_root, backend)
+        return (yield from ring.after_layout(table, partial(_gather_after_layout, root=root, slots=slots), backend,
+                                             call, x, out))
     return (yield from _gather_rows(ring, backend, call, x, root, out, rows))
 
 
 def _gather_after_layout(ring: Ring, backend: NumpyBackend, call: Call, x: Any, out: Any, table: Any,
-                         root: int) -> Steps:
+                         root: int, slots: Any) -> Steps:
     is_root = ring.rank == root
     rows = _layout_rows(ring, call, x, out if is_root else None, is_root, backend, table)
-    return (yield from _gather_rows(ring, backend, call, x, root, out, rows))
+    return (yield from _gather_rows(ring, backend, call, x, root, out, rows,
+                                    slots if _blocks_in_slots(table, slots) else None))
 
 
 def _gather_rows(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int, out: Any,
-                 rows: list[int]) -> Steps:
+                 rows: list[int], slots: Any = None) -> Steps:
+    """`slots`: the layout round's, where every block came in them."""
     is_root = ring.rank == root
     total_shape = (sum(rows), *x.shape[1:])
     target = Output(backend, out, total_shape, x.dtype, source=x) if is_root else None
     bounds = bounds_from_counts(rows, _row_size(x.shape))
+    if slots is not None:
+        call.algorithm = "linear"  # (what ran: every rank sent its block to the root, among others)
+        if target:
+            _copy_from_slots(ring, backend, x, target.flat, bounds, slots)
+        return target.result() if target else None
     flat_out = target.flat if target else None
     algorithm = _algorithm(ring, call, bounds[-1] * x.dtype.itemsize)
     yield from algorithm(ring, backend, call.tag, root, backend.flat(x), flat_out, bounds)

@@ -34,6 +34,10 @@ class CommunicationError(MpiringError, RuntimeError):
     collective. mpiring raises instead of returning data that could be silently wrong.
     """
 
+    # every message this rank sent in the call had gone when it raised, so no peer's data can
+    # change after it left (mpiring.engine.notice_board: it posts nothing then)
+    sends_done = False
+
     def __init__(self, collective: str, problem: str) -> None:
         self.collective = collective
         super().__init__(f"{collective}: {problem}")

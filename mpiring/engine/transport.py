@@ -172,21 +172,26 @@ def mpi_error(rank: int, call: Call, error: MPI.Exception, step: Step | None = N
               statuses: list[MPI.Status] | None = None) -> CommunicationError:
     """A failed step on `rank` in words: a message too large for its receive names its sender and
     the size expected, rather than MPI's "see the MPI_ERROR field"."""
+    failed = CommunicationError(
+        call.collective,
+        f"MPI failed on rank {rank} in step {call.step}: {error.Get_error_string()} "
+        "(did the ranks pass different shapes, lengths or dtypes?)",
+    )
     if step is not None and statuses is not None:
         for index, expected, source in step.receives:
             code = statuses[index].Get_error()
             if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
-                return CommunicationError(
+                failed = CommunicationError(
                     call.collective,
                     f"rank {rank} expected {expected} bytes from rank {source} in step {call.step} but "
                     f"a larger message arrived (MPI: {MPI.Get_error_string(MPI.Get_error_class(code))}): "
                     "the ranks passed different shapes, lengths or dtypes",
                 )
-    return CommunicationError(
-        call.collective,
-        f"MPI failed on rank {rank} in step {call.step}: {error.Get_error_string()} "
-        "(did the ranks pass different shapes, lengths or dtypes?)",
-    )
+                break
+        receives = {index for index, _, _ in step.receives}
+        failed.sends_done = all(statuses[index].Get_error() != MPI.ERR_PENDING
+                                for index in range(len(step.requests)) if index not in receives)
+    return failed
 
 
 def check_sizes(rank: int, step: Step, statuses: list[MPI.Status], collective: str) -> None:
@@ -195,8 +200,10 @@ def check_sizes(rank: int, step: Step, statuses: list[MPI.Status], collective: s
     for index, expected, source in step.receives:
         got = statuses[index].Get_count(MPI.BYTE)
         if got != expected:
-            raise CommunicationError(
+            error = CommunicationError(
                 collective,
                 f"rank {rank} received {got} bytes from rank {source} but expected "
                 f"{expected}: the ranks passed different shapes, lengths or dtypes",
             )
+            error.sends_done = True  # (the step's every request completed before its sizes were checked)
+            raise error

@@ -28,6 +28,8 @@ from mpi4py import MPI
 from mpiring.engine.ring import InFlight, Ring
 from mpiring.engine.transport import Call, Step, check_sizes, mpi_error
 from mpiring.errors import (
+    ArgumentError,
+    CollectiveMismatchError,
     CollectiveTimeout,
     CommunicationError,
     CommunicatorRevokedError,
@@ -417,9 +419,11 @@ def notice_from(ring: Ring, tag: int, number: int) -> int:
 
 def raise_left(ring: Ring, collective: str, algorithm: str | None, number: int, peer: int) -> None:
     """`peer` left the call numbered `number`, which this rank completed: raise."""
-    raise MessageMismatchError(collective, f"rank {peer} raised in this call and left it "
-                               f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
-                               f"call {number} here) went on: its data may come from the call that rank left")
+    error = MessageMismatchError(collective, f"rank {peer} raised in this call and left it "
+                                 f"(see the error there) while this rank's {collective} ({algorithm or 'auto'}, "
+                                 f"call {number} here) went on: its data may come from the call that rank left")
+    error.sends_done = True  # (its call completed)
+    raise error
 
 
 def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> None:
@@ -433,8 +437,8 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
     tag = ring.tags.notice(ring.failures, ring.calls if calls is None else calls)
     if tag is None or isinstance(error, (RankLostError, CommunicatorRevokedError)):
         return  # (survival: every live peer learns of a loss or a revoke by itself, at once)
-    if ring.notice_board is not None:  # first: a peer that completed the call finds it (no_notice)
-        ring.notice_board.post(tag, ring.calls if calls is None else calls)
+    if ring.notice_board is not None and _may_leave_sends(error):  # first: before its caller can write x
+        ring.notice_board.post(tag, ring.calls if calls is None else calls)  # a peer that completed the call finds it
     ring.notices = [request for request in ring.notices if not request.Test()]
     notice = struct.pack("d", error.seconds) if isinstance(error, CollectiveTimeout) else b""  # kept by its requests
     comm = ring.notice_comm
@@ -443,6 +447,16 @@ def leave_notice(ring: Ring, error: BaseException, calls: int | None = None) -> 
     status = MPI.Status()
     while comm.Iprobe(MPI.ANY_SOURCE, tag, status):
         comm.Recv([ring.notice, 8, MPI.BYTE], status.Get_source(), tag)
+
+
+def _may_leave_sends(error: BaseException) -> bool:
+    """Whether a rank raising `error` may leave a send of its call unfinished, which MPI could
+    still read after its caller rewrote the array: not for a bad argument, nor for a disagreement
+    a layout round found (no message of the call is in flight then), nor for an error raised once
+    every message it sent had gone (`sends_done`)."""
+    if isinstance(error, ArgumentError) or type(error) is CollectiveMismatchError:
+        return False
+    return not getattr(error, "sends_done", False)
 
 
 def mismatch(ring: Ring, call: Call, source: int, tag: int) -> MessageMismatchError:
