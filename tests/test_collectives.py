@@ -361,6 +361,43 @@ def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtyp
                 assert sent == (N - 1 if RANK == root else 0), f"rows {rows}: {sent} messages sent"
 
 
+@pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int16", "float32", "complex128")], ids=str)
+def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slots(comm, dtype):
+    """Without counts= at a few ranks of one node, every rank sends every other a slot with its
+    layout record and, where every block fits, its block: nothing else moves. Ranks pass rows that
+    differ from rank to rank and from call to call, across the slot's size and empty, each layout
+    repeated, so recorded schedules meet every change."""
+    row_bytes = 3 * dtype.itemsize
+    room = collectives.SLOT_BYTES - collectives.LAYOUT_BYTES
+    most = room // row_bytes  # the most rows a slot takes
+    slots = 1 < N <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
+    cases = [0, 1, most, most + 1, 7, BIG // 3, most]
+    for repeat in range(3):  # each layout seen, recorded, replayed
+        for seed, top in enumerate(cases):
+            counts = [(top + k * seed) % (top + 1) if top else 0 for k in range(N)]
+            blocks = [rank_input(seed, k, (counts[k], 3), dtype) for k in range(N)]
+            whole = np.concatenate(blocks)
+            root = seed % N
+            got = comm.gather(blocks[RANK], root=root)
+            if RANK == root:
+                assert_same(got, whole, f"gather {dtype} counts {counts}")
+            else:
+                assert got is None
+            got = comm.allgather(blocks[RANK])
+            assert_same(got, whole, f"allgather {dtype} counts {counts}")
+            native = np.empty_like(whole)
+            WORLD.Allgatherv(blocks[RANK], [native, [c * 3 for c in counts]])
+            assert_same(got, native, f"allgather {dtype} counts {counts} vs MPI")
+            if repeat == 0 and slots and max(counts) <= most:
+                # the slots alone (counted on a first call: a replay counts what its schedule recorded)
+                with mpiring.Communicator() as fresh:
+                    fresh.gather(blocks[RANK], root=root)
+                    assert fresh.traffic.messages == N - 1, f"gather, counts {counts}"
+                    fresh.traffic.reset()
+                    fresh.allgather(blocks[RANK])
+                    assert fresh.traffic.messages == N - 1, f"allgather, counts {counts}"
+
+
 def test_communicator_wraps_subcommunicators():
     """A communicator over any intracomm: here the even and odd ranks, separately."""
     sub = WORLD.Split(RANK % 2, RANK)
