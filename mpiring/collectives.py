@@ -41,16 +41,17 @@ HEADER_BYTES = (3 + _MAX_DIMS) * 8
 _ACCEPTED, _REJECTED, _IN_SLOT, _LONG = 0, 1, 2, 3  # its status: the data follows; x was rejected;
 # the data came with it (in a slot, below); the shape has more dimensions than a slot holds
 
-# A scatter without counts= at a few ranks of one node sends each rank a slot of 256 bytes, as
-# much as Open MPI passes on its fastest path: the header (status, ndim, dtype and up to SLOT_DIMS
-# dimensions) and, where every rank's block fits in the rest, that rank's block (one message per
-# rank, where a header broadcast and then the data took two). Every slot has the same size, so a
-# rank receives its own before it knows its rows. A shape of more dimensions goes in a whole
-# header after the slot (_LONG).
+# Slots: at up to SLOT_MAX_RANKS ranks of one node, the layout round of a gather, all-gather or
+# scatter without counts= sends fixed messages of SLOT_BYTES (as much as Open MPI passes on its
+# fastest path), which a rank can receive before it knows any other rank's rows: the layout (a
+# gather's or all-gather's record of each rank, a scatter's header from the root) and, where
+# every block fits in the rest, the data too (one round, where the layout and then the data took
+# two). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole header
+# after it (_LONG).
 SLOT_BYTES = 256
-SLOT_DIMS = 9
-SLOT_DATA = (3 + SLOT_DIMS) * 8  # where a slot's block starts
 SLOT_MAX_RANKS = 8
+SLOT_DIMS = 9
+SLOT_DATA = (3 + SLOT_DIMS) * 8  # where a scatter slot's block starts
 
 
 class Output:
@@ -87,6 +88,11 @@ class Output:
         return self._copy_into
 
 
+def _slots_suit(ring: Ring) -> bool:
+    """Whether a layout round sends slots (see SLOT_BYTES): a few ranks, all on one node."""
+    return 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1
+
+
 def _host_side(backend: NumpyBackend) -> NumpyBackend:
     """The backend of a collective's own metadata (layouts, headers): the call's own where its
     arrays live on the host (while a schedule is recorded, the recording one), else NumPy's."""
@@ -114,7 +120,7 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     p, r = ring.size, ring.rank
     table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     record = table[r * LAYOUT_FIELDS :][:LAYOUT_FIELDS]
-    if not (1 < p <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1):
+    if not _slots_suit(ring):
         record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, 0)
         yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
         return table, None
@@ -362,7 +368,7 @@ def scatter(
     header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
     """
     if layout is None:
-        if 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1:
+        if _slots_suit(ring):
             header, slot, whole = yield from _scatter_slots(ring, backend, call, x, root, root_problem)
         else:
             header, slot, whole = (yield from _scatter_header(ring, backend, call, x, root, root_problem)), None, None
@@ -426,25 +432,18 @@ def _scatter_slots(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: 
         slot = ring.metadata(SLOT_BYTES, numpy.uint8)
         yield ring.post(host, call.tag, receives=[(slot, root)])
         return slot[:SLOT_DATA].view(numpy.int64), slot, None
-    header = ring.metadata(SLOT_DATA // 8, numpy.int64)
-    header[:] = 0
-    header[0] = _REJECTED
+    long = root_problem is None and x.ndim > SLOT_DIMS
+    header = _header_of(ring.metadata(SLOT_DATA // 8, numpy.int64), None if long else x, root_problem)
     whole = None
-    if root_problem is None:
-        header[0], header[1], header[2] = _ACCEPTED, x.ndim, _encode_dtype(x.dtype)
-        if x.ndim > SLOT_DIMS:
-            header[0] = _LONG
-            whole = ring.metadata(HEADER_BYTES // 8, numpy.int64)
-            whole[:] = 0
-            whole[1], whole[2] = x.ndim, _encode_dtype(x.dtype)
-            whole[3 : 3 + x.ndim] = x.shape
-        else:
-            header[3 : 3 + x.ndim] = x.shape
-            row = _row_size(x.shape) * x.dtype.itemsize
-            bounds = [b * row for b in row_bounds(x.shape[0], ring.size, None)]
-            widest = max(bounds[k + 1] - bounds[k] for k in range(ring.size))
-            if widest <= SLOT_BYTES - SLOT_DATA and not backend.on_device and call.algorithm in (None, "auto"):
-                header[0] = _IN_SLOT
+    if long:
+        header[0], header[1], header[2] = _LONG, x.ndim, _encode_dtype(x.dtype)
+        whole = _header_of(ring.metadata(HEADER_BYTES // 8, numpy.int64), x, None)
+    elif root_problem is None:
+        row = _row_size(x.shape) * x.dtype.itemsize
+        bounds = [b * row for b in row_bounds(x.shape[0], ring.size, None)]
+        widest = max(bounds[k + 1] - bounds[k] for k in range(ring.size))
+        if widest <= SLOT_BYTES - SLOT_DATA and not backend.on_device and call.algorithm in (None, "auto"):
+            header[0] = _IN_SLOT
     others = [(root + k) % ring.size for k in range(1, ring.size)]
     slots = ring.metadata(len(others) * SLOT_BYTES, numpy.uint8).reshape(len(others), SLOT_BYTES)
     slots[:, :SLOT_DATA] = header.view(numpy.uint8)
@@ -462,18 +461,23 @@ def _scatter_slots(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: 
     return header, None, whole
 
 
+def _header_of(header: Any, x: Any, root_problem: ArgumentError | None) -> Any:
+    """`header` (int64 words) filled for x: status, ndim, dtype, shape (x None: the status alone)."""
+    header[:] = 0
+    header[0] = _REJECTED if root_problem is not None else _ACCEPTED
+    if root_problem is None and x is not None:
+        header[1], header[2] = x.ndim, _encode_dtype(x.dtype)
+        header[3 : 3 + x.ndim] = x.shape
+    return header
+
+
 def _scatter_header(ring: Ring, backend: NumpyBackend, call: Call, x: Any, root: int,
                     root_problem: ArgumentError | None) -> Steps:
     """The root tells every rank the shape and dtype of x (or that it rejected x: it raises its
     own problem here, the others in _scatter_after_header)."""
     header = ring.metadata(HEADER_BYTES // 8, NUMPY.xp.int64)
     if ring.rank == root:
-        header[:] = 0
-        if root_problem is None:
-            header[0], header[1], header[2] = _ACCEPTED, x.ndim, _encode_dtype(x.dtype)
-            header[3 : 3 + x.ndim] = x.shape
-        else:
-            header[0] = _REJECTED
+        _header_of(header, x, root_problem)
     # small: ceil(lg p) hops; across nodes, one crossing into each node
     header_broadcast = broadcast_node_leader if ring.nodes.hierarchical else broadcast_binomial
     yield from header_broadcast(ring, _host_side(backend), call.tag, root, header)
