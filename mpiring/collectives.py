@@ -88,9 +88,17 @@ class Output:
         return self._copy_into
 
 
-def _slots_suit(ring: Ring) -> bool:
-    """Whether a layout round sends slots (see SLOT_BYTES): a few ranks, all on one node."""
+def slots_suit(ring: Ring) -> bool:
+    """Whether a scatter's header goes in slots (see SLOT_BYTES): a few ranks, all on one node."""
     return 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1
+
+
+def layout_slots_suit(ring: Ring) -> bool:
+    """Whether a gather's or all-gather's layout round sends slots: as a scatter's header, and
+    where its round of a slot to every other rank is not more messages than Bruck's rounds (2
+    ranks) or the machine has a core per rank (where ranks take turns on a core, each message
+    costs a turn: slots that cannot carry the blocks then lose to Bruck's lg p records)."""
+    return slots_suit(ring) and (ring.size == 2 or ring.core_per_rank)
 
 
 def _host_side(backend: NumpyBackend) -> NumpyBackend:
@@ -120,7 +128,7 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     p, r = ring.size, ring.rank
     table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     record = table[r * LAYOUT_FIELDS :][:LAYOUT_FIELDS]
-    if not _slots_suit(ring):
+    if not layout_slots_suit(ring):
         record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, 0)
         yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
         return table, None
@@ -368,7 +376,7 @@ def scatter(
     header; `counts` splits x into parts of those rows instead of as numpy.array_split does.
     """
     if layout is None:
-        if _slots_suit(ring):
+        if slots_suit(ring):
             header, slot, whole = yield from _scatter_slots(ring, backend, call, x, root, root_problem)
         else:
             header, slot, whole = (yield from _scatter_header(ring, backend, call, x, root, root_problem)), None, None

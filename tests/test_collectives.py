@@ -342,7 +342,7 @@ def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtyp
     room = collectives.SLOT_BYTES - collectives.SLOT_DATA
     fits = room // row_bytes * N  # the most rows whose blocks fit
     sequence = [0, 1, N, fits, fits + N, 13, BIG // 3, fits, 2, fits + 1]
-    slots = 1 < N <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
+    slots = collectives.slots_suit(comm._ring)
     for _ in range(3):  # each layout seen, recorded, replayed
         for seed, rows in enumerate(sequence):
             root = seed % N
@@ -362,15 +362,19 @@ def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtyp
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int16", "float32", "complex128")], ids=str)
-def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slots(comm, dtype):
-    """Without counts= at a few ranks of one node, every rank sends every other a slot with its
-    layout record and, where every block fits, its block: nothing else moves. Ranks pass rows that
-    differ from rank to rank and from call to call, across the slot's size and empty, each layout
-    repeated, so recorded schedules meet every change."""
+@pytest.mark.parametrize("core_per_rank", [True, False], ids=["a core per rank", "ranks share cores"])
+def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slots(dtype, core_per_rank):
+    """Without counts= at a few ranks of one node (and a core per rank, or 2 ranks), every rank
+    sends every other a slot with its layout record and, where every block fits, its block:
+    nothing else moves. Ranks pass rows that differ from rank to rank and from call to call,
+    across the slot's size and empty, each layout repeated, so recorded schedules meet every
+    change. Where ranks share cores, the records go by Bruck's all-gather, with the same results."""
+    comm = mpiring.Communicator()
+    comm._ring.core_per_rank = core_per_rank  # (as if the machine had the cores, or had not: alike on every rank)
     row_bytes = 3 * dtype.itemsize
     room = collectives.SLOT_BYTES - collectives.LAYOUT_BYTES
     most = room // row_bytes  # the most rows a slot takes
-    slots = 1 < N <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
+    slots = collectives.layout_slots_suit(comm._ring)
     cases = [0, 1, most, most + 1, 7, BIG // 3, most]
     for repeat in range(3):  # each layout seen, recorded, replayed
         for seed, top in enumerate(cases):
@@ -391,11 +395,13 @@ def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slo
             if repeat == 0 and slots and max(counts) <= most:
                 # the slots alone (counted on a first call: a replay counts what its schedule recorded)
                 with mpiring.Communicator() as fresh:
+                    fresh._ring.core_per_rank = core_per_rank
                     fresh.gather(blocks[RANK], root=root)
                     assert fresh.traffic.messages == N - 1, f"gather, counts {counts}"
                     fresh.traffic.reset()
                     fresh.allgather(blocks[RANK])
                     assert fresh.traffic.messages == N - 1, f"allgather, counts {counts}"
+    comm.free()
 
 
 def test_communicator_wraps_subcommunicators():

@@ -236,8 +236,7 @@ def test_bytes_sent_per_step_are_what_the_ring_says(comm, model, strategy):
     # first to agree on the row counts (a record, or at a few ranks of one node a slot, per peer).
     # (one all-gather per group after the update; ZeRO-3 gathers each layer twice instead)
     gathers = 0 if strategy == "ddp" else len(result.strategy.groups.ranges) * (2 if strategy == "zero3" else 1)
-    slots = 1 < n <= collectives.SLOT_MAX_RANKS and len(comm._ring.nodes.nodes) == 1
-    extra = 2 * 8 + gathers * (n - 1) * (collectives.SLOT_BYTES if slots else 64)
+    extra = 2 * 8 + gathers * (n - 1) * (collectives.SLOT_BYTES if collectives.layout_slots_suit(comm._ring) else 64)
     assert theory <= report["bytes_sent_per_rank"] <= theory + extra
 
 

@@ -134,6 +134,7 @@ def private_ring(base: MPI.Intracomm) -> tuple[Ring, bool]:
             made.append(made[0].Dup())
             ring = Ring(*made)
             ring.nodes, ring.node_local, cores_for_all = topology.discover(ring.comm)
+            ring.core_per_rank = cores_for_all
             if ring.node_local and ring.size > 1:
                 ring.notice_board = open_board(ring.comm)
     except CommunicationError:

@@ -129,6 +129,10 @@ class Ring:
         self.nodes = NodeMap.single(self.size)
         # every rank on one real node: device buffers may move by CUDA IPC (the Communicator finds out)
         self.node_local = False
+        # the machine has a core for each of its ranks, or the MPI library offers the core in each
+        # test (topology.discover, alike on every rank of a machine): one more message per step
+        # costs little there, where ranks that take turns on a core pay for each
+        self.core_per_rank = False
         # the node has a core for each of its ranks, or the MPI library offers it in each test:
         # waits spin without offering the core themselves (read_settings; MPIRING_BUSY_POLL
         # overrides). Oversubscribed ranks offer it.
