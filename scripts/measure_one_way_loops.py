@@ -40,7 +40,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bytes", type=int, default=8, help="message size (default 8)")
     parser.add_argument("--loops", type=int, nargs="+", default=[100, 1000, 10000])
-    parser.add_argument("--no-notice-probe", action="store_true", help="record schedules without the end-of-call look for a peer that left")
+    parser.add_argument("--no-notice-probe", action="store_true",
+                        help="record schedules without the end-of-call look for a peer that left")
     args = parser.parse_args()
     if args.no_notice_probe:
         make_program = native.program
