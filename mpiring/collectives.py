@@ -45,8 +45,8 @@ _ACCEPTED, _REJECTED, _IN_SLOT, _LONG = 0, 1, 2, 3  # its status: the data follo
 # scatter without counts= sends fixed messages of SLOT_BYTES (as much as Open MPI passes on its
 # fastest path), which a rank can receive before it knows any other rank's rows: the layout (a
 # gather's or all-gather's record of each rank, a scatter's header from the root) and, where
-# every block fits in the rest, the data too (one round, where the layout and then the data took
-# two). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole header
+# every block fits in the rest, the data too (one round, rather than the layout's and then the
+# data's). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole header
 # after it (_LONG).
 SLOT_BYTES = 256
 SLOT_MAX_RANKS = 8

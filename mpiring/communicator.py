@@ -89,9 +89,9 @@ class Communicator:
         if surviving and timeout is None:
             timeout = math.inf  # every wait polls, so that a loss can end it (Engine.limit)
         self._mpi = base
-        self._ring, cores_for_all = private_ring(base)
+        self._ring = private_ring(base)
         self._ring.describe = identity.describe
-        self._ring.read_settings(cores_for_all)
+        self._ring.read_settings()
         if surviving:
             survival.watch(self._ring)
         builders = {name: getattr(self, "_" + name) for name in CATALOGUE}  # _allreduce and the like, below

@@ -122,10 +122,10 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
-def private_ring(base: MPI.Intracomm) -> tuple[Ring, bool]:
+def private_ring(base: MPI.Intracomm) -> Ring:
     """A Ring on two private duplicates of `base`, one for its data and one for its notices, its
-    nodes found (topology.discover; collective), and whether the machine has a core for every rank
-    on it; CommunicationError, with nothing left made, where MPI cannot make them."""
+    nodes found (topology.discover; collective) and, on one node, its notice board;
+    CommunicationError, with nothing left made, where MPI cannot make them."""
     let_go()  # communicators freed earlier whose peers' farewells have come since
     made: list[MPI.Intracomm] = []
     try:
@@ -133,15 +133,14 @@ def private_ring(base: MPI.Intracomm) -> tuple[Ring, bool]:
             made.append(base.Dup())
             made.append(made[0].Dup())
             ring = Ring(*made)
-            ring.nodes, ring.node_local, cores_for_all = topology.discover(ring.comm)
-            ring.core_per_rank = cores_for_all
+            ring.nodes, ring.node_local, ring.core_per_rank = topology.discover(ring.comm)
             if ring.node_local and ring.size > 1:
                 ring.notice_board = open_board(ring.comm)
     except CommunicationError:
         for comm in made:
             comm.Free()
         raise
-    return ring, cores_for_all
+    return ring
 
 
 @contextlib.contextmanager

@@ -148,14 +148,14 @@ class Ring:
 
     # ---- topology ----
 
-    def read_settings(self, cores_for_all: bool) -> None:
+    def read_settings(self) -> None:
         """What MPIRING_SCRATCH_BYTES, MPIRING_INFLIGHT_BYTES, MPIRING_BUSY_POLL and
-        MPIRING_PERSISTENT_SENDS set (docs/environment.md), each with its default where unset;
-        `cores_for_all`: whether every rank of the node has a core (busy polling's default)."""
+        MPIRING_PERSISTENT_SENDS set (docs/environment.md), each with its default where unset
+        (busy polling's: `core_per_rank`)."""
         self.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self.in_flight_bytes = environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator") or IN_FLIGHT_BYTES
         busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
-        self.busy_poll = cores_for_all if busy_poll is None else busy_poll
+        self.busy_poll = self.core_per_rank if busy_poll is None else busy_poll
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
         self.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends
 
