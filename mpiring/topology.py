@@ -176,7 +176,10 @@ def discover(comm: MPI.Intracomm) -> tuple[NodeMap, bool, bool]:
 def library_yields_when_idle() -> bool:
     """Whether the MPI library offers the core itself in a test that finds nothing done: Open
     MPI's control variable `mpi_yield_when_idle`, read through the MPI tool interface (False
-    where the library has no such variable or the interface cannot be reached)."""
+    where the library has no such variable or the interface cannot be reached). Other libraries'
+    tool interfaces are left alone: starting and finishing one is not free of side effects."""
+    if "Open MPI" not in MPI.Get_library_version():
+        return False
     try:
         library = ctypes.CDLL(MPI.__file__)  # (dlsym searches the libraries mpi4py's module links)
         provided = ctypes.c_int()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -47,12 +48,28 @@ def launch(ranks: int, stages: list[dict], tmp_path, keep_going: bool = True,
         command = command[:1]
     command += ["-n", str(ranks), *(IN_A_SHELL if in_a_shell else []), sys.executable, SCENARIOS,
                 json.dumps(stages), str(tmp_path)]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the job did not end within {TIMEOUT} s (a survivor hung):\n{expired.stdout}\n{expired.stderr}")
+    done = run_within(command, env, tmp_path)
     results = {result["world"]: result for result in reports(done.stdout)}
     return done, results
+
+
+def run_within(command: list[str], env: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
+    """Run the job under TIMEOUT; on a hang, fail with what the ranks wrote so far (each survivor's
+    stacks from the scenario's faulthandler dump among it), which subprocess.run would drop."""
+    with open(tmp_path / "job.out", "w+") as out, open(tmp_path / "job.err", "w+") as err:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+        try:
+            process.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher and every rank: none lingers into the next test
+            process.wait()
+            out.seek(0)
+            err.seek(0)
+            pytest.fail(f"the job did not end within {TIMEOUT} s (a survivor hung):\n{out.read()[-3000:]}\n"
+                        f"{err.read()[-20000:]}")
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
 
 
 def reports(output: str) -> list[dict]:
@@ -198,8 +215,7 @@ def test_survival_off_loses_nothing_and_shrink_is_a_copy(ranks: int, tmp_path) -
         "except mpiring.ArgumentError:\n"
         "    print('REFUSED', flush=True)\n")
     command, env = launcher()
-    done = subprocess.run([command[0], "-n", str(ranks), sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    done = run_within([command[0], "-n", str(ranks), sys.executable, str(script)], env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("REFUSED") == ranks
 
@@ -212,15 +228,13 @@ def test_training_goes_on_after_two_losses(tmp_path) -> None:
     of a fresh run resumed from a copy of that checkpoint on as many ranks."""
     script = os.path.join(ROOT, "tests", "elastic_training.py")
     command, env = launcher()
-    elastic = subprocess.run([*command, "-n", "4", sys.executable, script, "elastic", str(tmp_path)],
-                             env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    elastic = run_within([*command, "-n", "4", sys.executable, script, "elastic", str(tmp_path)], env, tmp_path)
     found = reports(elastic.stdout)
     assert len(found) == 1, elastic.stdout + elastic.stderr[-3000:]
     run = found[0]
     assert run["size"] == 2 and len(run["losses"]) == 12, run
     assert [(r["ranks"], r["step"]) for r in run["recoveries"]] == [(3, 4), (2, 8)], run
-    reference = subprocess.run([command[0], "-n", "3", sys.executable, script, "reference", str(tmp_path)], env=env,
-                               capture_output=True, text=True, timeout=TIMEOUT)
+    reference = run_within([command[0], "-n", "3", sys.executable, script, "reference", str(tmp_path)], env, tmp_path)
     found = reports(reference.stdout)
     assert len(found) == 1, reference.stdout + reference.stderr[-3000:]
     fresh = found[0]
@@ -245,8 +259,7 @@ def test_torch_default_group_goes_on(ranks: int, victim: int, tmp_path) -> None:
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # mpiring.torch fills them from MPI
         env.pop(name, None)
     script = os.path.join(ROOT, "tests", "torch_lost_rank.py")
-    done = subprocess.run([*command, "-n", str(ranks), sys.executable, script, str(victim), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    done = run_within([*command, "-n", str(ranks), sys.executable, script, str(victim), str(tmp_path)], env, tmp_path)
     results = {result["world"]: result for result in reports(done.stdout)}
     members = [w for w in range(ranks) if w != victim]
     assert sorted(results) == members, f"{done.stdout}\n{done.stderr[-3000:]}"

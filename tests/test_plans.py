@@ -741,17 +741,26 @@ def test_a_node_short_of_cores_offers_them(monkeypatch):
 
 
 def test_the_library_yields_when_idle_only_where_its_control_variable_says_so(monkeypatch):
-    """Open MPI's `mpi_yield_when_idle`, read through the MPI tool interface: MPICH has no such
-    variable, and a library that cannot be reached says no."""
+    """Open MPI's `mpi_yield_when_idle`, read through the MPI tool interface: another library
+    has no such variable (its tool interface is not even opened), and one that cannot be reached
+    says no."""
     from mpiring import topology
-    if "MPICH" in MPI.Get_library_version():
-        assert topology.library_yields_when_idle() is False
+    open_mpi = "Open MPI" in MPI.Get_library_version()
+    opened = []
+
+    def unreachable(name):
+        opened.append(name)
+        raise OSError("no library")
+
     topology.library_yields_when_idle.cache_clear()
-    monkeypatch.setattr(topology.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError("no library")))
+    monkeypatch.setattr(topology.ctypes, "CDLL", unreachable)
     try:
         assert topology.library_yields_when_idle() is False
+        assert len(opened) == (1 if open_mpi else 0)
     finally:
         topology.library_yields_when_idle.cache_clear()
+    if not open_mpi:
+        assert topology.library_yields_when_idle() is False
 
 
 def test_nodes_on_one_machine_count_its_cores_together(monkeypatch):
