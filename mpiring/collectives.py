@@ -41,13 +41,13 @@ HEADER_BYTES = (3 + _MAX_DIMS) * 8
 _ACCEPTED, _REJECTED, _IN_SLOT, _LONG = 0, 1, 2, 3  # its status: the data follows; x was rejected;
 # the data came with it (in a slot, below); the shape has more dimensions than a slot holds
 
-# Slots: at up to SLOT_MAX_RANKS ranks of one node, the layout round of a gather, all-gather or
-# scatter without counts= sends fixed messages of SLOT_BYTES (as much as Open MPI passes on its
-# fastest path), which a rank can receive before it knows any other rank's rows: the layout (a
-# gather's or all-gather's record of each rank, a scatter's header from the root) and, where
-# every block fits in the rest, the data too (one round, rather than the layout's and then the
-# data's). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole header
-# after it (_LONG).
+# Slots: at up to SLOT_MAX_RANKS ranks, the layout round of a gather, all-gather or scatter
+# without counts= sends fixed messages of SLOT_BYTES (as much as Open MPI passes on its fastest
+# path) per rank, which a rank can receive before it knows any other rank's rows: the layout (a
+# gather's or all-gather's record of each rank, a scatter's header from the root, on one node) and,
+# where every block fits in the rest, the data too (one round, rather than the layout's and then
+# the data's). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole
+# header after it (_LONG).
 SLOT_BYTES = 256
 SLOT_MAX_RANKS = 8
 SLOT_DIMS = 9
@@ -93,11 +93,17 @@ def slots_suit(ring: Ring) -> bool:
     return 1 < ring.size <= SLOT_MAX_RANKS and len(ring.nodes.nodes) == 1
 
 
-def layout_slots_suit(ring: Ring) -> bool:
-    """Whether a gather's or all-gather's layout round sends slots: as a scatter's header, and
-    where its round of a slot to every other rank is not more messages than Bruck's rounds (2
-    ranks) or the machine has a core per rank (where ranks take turns on a core, each message
-    costs a turn: slots that cannot carry the blocks then lose to Bruck's lg p records)."""
+def layout_in_slots(ring: Ring) -> bool:
+    """Whether a gather's or all-gather's layout round all-gathers slots (each rank's record and
+    room for a small block) rather than records alone: at a few ranks, on any nodes."""
+    return 1 < ring.size <= SLOT_MAX_RANKS
+
+
+def slots_sent_directly(ring: Ring) -> bool:
+    """Whether those slots go in one round, each rank's to every other: as a scatter's header (one
+    node), and where that round is not more messages than Bruck's (2 ranks) or the machine has a
+    core per rank (where ranks take turns on a core, each message costs a turn, so Bruck's lg p
+    rounds win; across nodes the node-aware all-gather's leaders alone cross the network)."""
     return slots_suit(ring) and (ring.size == 2 or ring.core_per_rank)
 
 
@@ -120,15 +126,16 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     its out= (`_layout_rows` checks that they fit together). Returns (the table: every rank's;
     the slots, where the ranks sent them, else None).
 
-    At up to SLOT_MAX_RANKS ranks of one node every rank sends every other a slot of SLOT_BYTES
-    (one round, each message on Open MPI's fastest path): its record, then, where it fits and x is
-    on the host (`auto`), its block, so a small gather or all-gather needs no other message."""
+    At up to SLOT_MAX_RANKS ranks every rank's slot of SLOT_BYTES goes to every other (in one
+    round where slots_sent_directly, else by the table's all-gather): its record, then, where it
+    fits and x is on the host (`auto`), its block, so a small gather or all-gather needs no other
+    message."""
     trailing = tuple(x.shape[1:])
     out_state, _ = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
     p, r = ring.size, ring.rank
     table = ring.metadata(p * LAYOUT_FIELDS, NUMPY.xp.int64)
     record = table[r * LAYOUT_FIELDS :][:LAYOUT_FIELDS]
-    if not layout_slots_suit(ring):
+    if not layout_in_slots(ring):
         record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, 0)
         yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
         return table, None
@@ -140,7 +147,11 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     if in_slot and x.nbytes:
         host.copy(slots[r, LAYOUT_BYTES : LAYOUT_BYTES + x.nbytes], backend.flat(x).view(numpy.uint8))
     others = [(r + k) % p for k in range(1, p)]
-    yield ring.post(host, call.tag, sends=[(slots[r], k) for k in others], receives=[(slots[k], k) for k in others])
+    if slots_sent_directly(ring):
+        yield ring.post(host, call.tag, sends=[(slots[r], k) for k in others],
+                        receives=[(slots[k], k) for k in others])
+    else:
+        yield from _all_gather_table(ring, backend, call, slots.reshape(-1), SLOT_BYTES)
     records = table.view(numpy.uint8).reshape(p, LAYOUT_BYTES)
     for k in others:  # (copies, so that a replay checks the table it received: WORK_EXPECT)
         host.copy(records[k], slots[k, :LAYOUT_BYTES])
@@ -148,7 +159,8 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
 
 
 def _all_gather_table(ring: Ring, backend: NumpyBackend, call: Call, table: Any, width: int) -> Steps:
-    """All-gather a layout round's table of `width` words per rank: a few bytes each, so by the
+    """All-gather a layout round's table of `width` elements per rank (words of records, or bytes
+    of slots): a few hundred bytes at most, so by the
     latency-optimal all-gather (Bruck's ceil(lg p) steps), or across nodes by the node-aware one,
     whose leaders alone cross the network, in one round."""
     exchange = allgather_node_leader if ring.nodes.hierarchical else allgather_bruck

@@ -233,10 +233,10 @@ def test_bytes_sent_per_step_are_what_the_ring_says(comm, model, strategy):
     theory = traffic_factor(strategy, n)[0] * model_bytes
     assert report["bytes_sent_per_rank_theory"] == pytest.approx(theory)
     # Beyond the theory: the one-number loss all-reduce and the few bytes each all-gather sends
-    # first to agree on the row counts (a record, or at a few ranks of one node a slot, per peer).
+    # first to agree on the row counts (a record, or at a few ranks a slot, per peer).
     # (one all-gather per group after the update; ZeRO-3 gathers each layer twice instead)
     gathers = 0 if strategy == "ddp" else len(result.strategy.groups.ranges) * (2 if strategy == "zero3" else 1)
-    extra = 2 * 8 + gathers * (n - 1) * (collectives.SLOT_BYTES if collectives.layout_slots_suit(comm._ring) else 64)
+    extra = 2 * 8 + gathers * (n - 1) * (collectives.SLOT_BYTES if collectives.layout_in_slots(comm._ring) else 64)
     assert theory <= report["bytes_sent_per_rank"] <= theory + extra
 
 
