@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import sys
 from array import array as int_array
 from types import SimpleNamespace
 
@@ -250,6 +251,38 @@ def test_a_blocking_call_borrows_byte_buffers_without_holding_them(count: int | 
     np.frombuffer(other, np.float32)[:3] = [1, 2, 3]
     assert x.tolist() == [1, 2, 3]  # the buffer's memory itself
     other.close()
+
+
+@pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")
+@pytest.mark.parametrize("count", [12, None])
+def test_a_blocking_call_borrows_a_numpy_array_seen_as_another_datatype(count: int | None) -> None:
+    """[floats, MPI.BYTE]: the array's memory as bytes, kept by address as a byte buffer's (not a
+    new view each call), holding no reference to the array; a new array is read where it is."""
+    send, receive = np.arange(3, dtype=np.float32), np.zeros(3, np.float32)
+    before = sys.getrefcount(send), sys.getrefcount(receive)
+    x, out = _arrays_of_a_call(send, receive, MPI.BYTE, count)
+    assert (x.dtype, x.size, out.size) == (np.uint8, 12, 12)
+    assert x.__array_interface__["data"][0] == send.ctypes.data and x.base is not send
+    assert out.__array_interface__["data"][0] == receive.ctypes.data and out.flags.writeable
+    assert (sys.getrefcount(send), sys.getrefcount(receive)) == before
+    again = _arrays_of_a_call(send, receive, MPI.BYTE, count)
+    assert again[0] is x and again[1] is out
+    assert x.view(np.float32).tolist() == [0, 1, 2]  # the array's memory itself
+    other = np.ones(3, np.float32)
+    moved = _arrays_of_a_call(other, receive, MPI.BYTE, count)
+    assert moved[0].__array_interface__["data"][0] == other.ctypes.data and moved[1] is out
+    readonly = np.arange(3, dtype=np.float32)
+    readonly.flags.writeable = False
+    assert not _arrays_of_a_call(readonly, receive, MPI.BYTE, count)[0].flags.writeable
+    for error, pinned in ((CommunicationError("allreduce", "rank 1 is gone"), 1),
+                          (ArgumentError("allreduce", "op", "no such op"), 0)):
+        send = np.arange(3, dtype=np.float32)
+        held = sys.getrefcount(send)
+        with pytest.raises(type(error)) as raised:
+            _arrays_of_a_call(send, receive, MPI.BYTE, count, raising=error)
+        del raised
+        error.__traceback__ = None  # (its frames hold the array too)
+        assert sys.getrefcount(send) == held + pinned  # an abandoned call's stays: MPI may still use it
 
 
 @pytest.mark.skipif(buffer_api.COMMON_CALL is None, reason="the C extension was not built")

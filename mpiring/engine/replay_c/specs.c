@@ -5,7 +5,8 @@
  * A byte buffer (bytearray, mmap) is seen as a NumPy array of its memory. numpy.frombuffer would
  * make one per call, a large part of a small call's cost; a blocking drop-in call instead borrows
  * one of a few arrays kept by address (`borrowed_bytes`), which hold no export of the buffer, so
- * the caller may still resize or close it between calls.
+ * the caller may still resize or close it between calls. So does a NumPy array seen as another
+ * datatype's elements ([floats, MPI.BYTE]), which would otherwise be a new view each call.
  */
 #include "replay.h"
 
@@ -104,11 +105,13 @@ PyObject *own_block(PyObject *array, Py_ssize_t start, Py_ssize_t stop) {
     return PySequence_GetSlice(array, start, stop);
 }
 
-/* Keep `spec`'s byte buffer exported for good: a borrowed array of it stays with a call a timeout
-   or a lost peer left (Ring.abandon), into which MPI may still write, so its memory must stay. */
+/* Keep `spec`'s buffer exported for good: a borrowed array of it (a byte buffer's, or a NumPy
+   array's seen as another datatype) stays with a call a timeout or a lost peer left (Ring.abandon),
+   into which MPI may still write, so its memory must stay. */
 void pin_byte_buffer(PyObject *spec) {
     PyObject *buffer = PyList_CheckExact(spec) && PyList_GET_SIZE(spec) > 0 ? PyList_GET_ITEM(spec, 0) : spec;
-    if (spec_bytes == NULL || PyDict_Contains(spec_bytes, (PyObject *)Py_TYPE(buffer)) != 1) {
+    if (spec_bytes == NULL ||
+        (Py_TYPE(buffer) != readable_arrays && PyDict_Contains(spec_bytes, (PyObject *)Py_TYPE(buffer)) != 1)) {
         PyErr_Clear();
         return;
     }
@@ -228,10 +231,12 @@ PyObject *spec_elements(PyObject *spec, Py_ssize_t blocks, int borrow) {
     }
     if (dtype == ((const ArrayHead *)array)->descr) {
         items = array;
-    } else { /* the memory seen as the datatype's elements, as MPI sees it ([floats, MPI.BYTE]) */
-        items = PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) == 1
-                    ? PyObject_CallMethodOneArg(array, s_view, dtype)
-                    : NULL;
+    } else { /* the memory seen as the datatype's elements, as MPI sees it ([floats, MPI.BYTE]): for
+                a blocking call a kept array at its address, as a byte buffer's, else a view */
+        int moved = PySet_Contains(spec_dtypes, ((const ArrayHead *)array)->descr) == 1;
+        items = moved && borrow ? borrowed_bytes(array, dtype, -1) : NULL;
+        if (items == NULL && moved)
+            items = PyObject_CallMethodOneArg(array, s_view, dtype);
         Py_DECREF(array);
         if (items == NULL || (length = flat_length(items)) < 0) {
             PyErr_Clear(); /* (a length that is no whole number of its elements: the parse says so) */
