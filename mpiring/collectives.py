@@ -43,12 +43,13 @@ _ACCEPTED, _REJECTED, _IN_SLOT, _LONG = 0, 1, 2, 3  # its status: the data follo
 
 # Slots: at up to SLOT_MAX_RANKS ranks, the layout round of a gather, all-gather or scatter
 # without counts= sends fixed messages of SLOT_BYTES (as much as Open MPI passes on its fastest
-# path) per rank, which a rank can receive before it knows any other rank's rows: the layout (a
-# gather's or all-gather's record of each rank, a scatter's header from the root, on one node) and,
-# where every block fits in the rest, the data too (one round, rather than the layout's and then
-# the data's). A scatter's slot holds up to SLOT_DIMS dimensions; a shape of more goes in a whole
-# header after it (_LONG).
+# path; WIDE_SLOT_BYTES where layout_slot_bytes says) per rank, which a rank can receive before it
+# knows any other rank's rows: the layout (a gather's or all-gather's record of each rank, a
+# scatter's header from the root, on one node) and, where every block fits in the rest, the data
+# too (one round, rather than the layout's and then the data's). A scatter's slot holds up to
+# SLOT_DIMS dimensions; a shape of more goes in a whole header after it (_LONG).
 SLOT_BYTES = 256
+WIDE_SLOT_BYTES = LAYOUT_BYTES + 1024  # (layout_slot_bytes)
 SLOT_MAX_RANKS = 8
 SLOT_DIMS = 9
 SLOT_DATA = (3 + SLOT_DIMS) * 8  # where a scatter slot's block starts
@@ -107,6 +108,16 @@ def slots_sent_directly(ring: Ring) -> bool:
     return slots_suit(ring) and (ring.size == 2 or ring.core_per_rank)
 
 
+def layout_slot_bytes(ring: Ring) -> int:
+    """A gather's or all-gather's layout slot: SLOT_BYTES, or WIDE_SLOT_BYTES where ranks of one
+    node take turns on cores (Bruck's rounds carry the slots): there each message costs a turn and
+    its bytes little, so a wider slot saves the data round of more calls. Across nodes every byte
+    of a slot crosses a link, whether it holds a block or not."""
+    if slots_sent_directly(ring) or len(ring.nodes.nodes) > 1:
+        return SLOT_BYTES
+    return WIDE_SLOT_BYTES
+
+
 def _host_side(backend: NumpyBackend) -> NumpyBackend:
     """The backend of a collective's own metadata (layouts, headers): the call's own where its
     arrays live on the host (while a schedule is recorded, the recording one), else NumPy's."""
@@ -126,10 +137,10 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
     its out= (`_layout_rows` checks that they fit together). Returns (the table: every rank's;
     the slots, where the ranks sent them, else None).
 
-    At up to SLOT_MAX_RANKS ranks every rank's slot of SLOT_BYTES goes to every other (in one
-    round where slots_sent_directly, else by the table's all-gather): its record, then, where it
-    fits and x is on the host (`auto`), its block, so a small gather or all-gather needs no other
-    message."""
+    At up to SLOT_MAX_RANKS ranks every rank's slot (layout_slot_bytes) goes to every other (in
+    one round where slots_sent_directly, else by the table's all-gather): its record, then, where
+    it fits and x is on the host (`auto`), its block, so a small gather or all-gather needs no
+    other message."""
     trailing = tuple(x.shape[1:])
     out_state, _ = _out_state(out if out_rows_needed else None, trailing, x.dtype, backend)
     p, r = ring.size, ring.rank
@@ -140,9 +151,10 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
         yield from _all_gather_table(ring, backend, call, table, LAYOUT_FIELDS)
         return table, None
     host = _host_side(backend)
-    in_slot = x.nbytes <= SLOT_BYTES - LAYOUT_BYTES and not backend.on_device and call.algorithm in (None, "auto")
+    width = layout_slot_bytes(ring)
+    in_slot = x.nbytes <= width - LAYOUT_BYTES and not backend.on_device and call.algorithm in (None, "auto")
     record[:] = (x.shape[0], _signature(x.dtype, trailing), out_state, int(in_slot))
-    slots = ring.metadata(p * SLOT_BYTES, numpy.uint8).reshape(p, SLOT_BYTES)  # rank k's in row k (this rank's: sent)
+    slots = ring.metadata(p * width, numpy.uint8).reshape(p, width)  # rank k's in row k (this rank's: sent)
     slots[r, :LAYOUT_BYTES] = record.view(numpy.uint8)
     if in_slot and x.nbytes:
         host.copy(slots[r, LAYOUT_BYTES : LAYOUT_BYTES + x.nbytes], backend.flat(x).view(numpy.uint8))
@@ -151,7 +163,7 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
         yield ring.post(host, call.tag, sends=[(slots[r], k) for k in others],
                         receives=[(slots[k], k) for k in others])
     else:
-        yield from _all_gather_table(ring, backend, call, slots.reshape(-1), SLOT_BYTES)
+        yield from _all_gather_table(ring, backend, call, slots.reshape(-1), width)
     records = table.view(numpy.uint8).reshape(p, LAYOUT_BYTES)
     for k in others:  # (copies, so that a replay checks the table it received: WORK_EXPECT)
         host.copy(records[k], slots[k, :LAYOUT_BYTES])

@@ -369,13 +369,13 @@ def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slo
     """Without counts= at a few ranks, every rank's slot with its layout record and, where every
     block fits, its block reaches every other: nothing else moves. On one node with a core per
     rank (or at 2 ranks) each rank sends every other its slot, in one round; where ranks share
-    cores, Bruck's all-gather carries the slots, in ceil(lg p) rounds. Ranks pass rows that differ
+    cores, Bruck's all-gather carries the slots (wider ones), in ceil(lg p) rounds. Ranks pass rows that differ
     from rank to rank and from call to call, across the slot's size and empty, each layout
     repeated, so recorded schedules meet every change."""
     comm = mpiring.Communicator()
     comm._ring.core_per_rank = core_per_rank  # (as if the machine had the cores, or had not: alike on every rank)
     row_bytes = 3 * dtype.itemsize
-    room = collectives.SLOT_BYTES - collectives.LAYOUT_BYTES
+    room = collectives.layout_slot_bytes(comm._ring) - collectives.LAYOUT_BYTES
     most = room // row_bytes  # the most rows a slot takes
     slots = collectives.layout_in_slots(comm._ring)
     messages = N - 1 if collectives.slots_sent_directly(comm._ring) else math.ceil(math.log2(N)) if N > 1 else 0

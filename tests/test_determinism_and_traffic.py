@@ -11,7 +11,7 @@ from mpi4py import MPI
 from oracles import rank_input
 
 from mpiring.algorithms import ALGORITHMS
-from mpiring.collectives import LAYOUT_BYTES, SLOT_BYTES, layout_in_slots
+from mpiring.collectives import LAYOUT_BYTES, layout_in_slots, layout_slot_bytes
 from mpiring.engine.partition import split_bounds
 
 pytestmark = pytest.mark.mpi
@@ -98,7 +98,7 @@ def test_traffic_matches_the_ring_formulas(comm, length):
     assert total == (N - 1) * size + size - chunks[0] and received == total
 
     # all-gather of `length` rows per rank; first the ranks trade one layout record each
-    layout = (N - 1) * (SLOT_BYTES if layout_in_slots(comm._ring) else LAYOUT_BYTES)
+    layout = (N - 1) * (layout_slot_bytes(comm._ring) if layout_in_slots(comm._ring) else LAYOUT_BYTES)
     for algorithm in ("ring", "scattered"):
         sent, total, received = _sent_and_total(comm, partial(comm.allgather, x, algorithm=algorithm))
         assert sent == (N - 1) * size + layout, algorithm

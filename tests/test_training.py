@@ -236,7 +236,8 @@ def test_bytes_sent_per_step_are_what_the_ring_says(comm, model, strategy):
     # first to agree on the row counts (a record, or at a few ranks a slot, per peer).
     # (one all-gather per group after the update; ZeRO-3 gathers each layer twice instead)
     gathers = 0 if strategy == "ddp" else len(result.strategy.groups.ranges) * (2 if strategy == "zero3" else 1)
-    extra = 2 * 8 + gathers * (n - 1) * (collectives.SLOT_BYTES if collectives.layout_in_slots(comm._ring) else 64)
+    record = collectives.layout_slot_bytes(comm._ring) if collectives.layout_in_slots(comm._ring) else 64
+    extra = 2 * 8 + gathers * (n - 1) * record
     assert theory <= report["bytes_sent_per_rank"] <= theory + extra
 
 

@@ -330,8 +330,8 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (result == NULL && PyErr_ExceptionMatches(abandoning)) { /* MPI may still use the buffers: keep them */
         PyObject *type, *error, *traceback;
         PyErr_Fetch(&type, &error, &traceback);
-        pin_byte_buffer(sendbuf);
-        pin_byte_buffer(recvbuf);
+        pin_buffer(sendbuf);
+        pin_buffer(recvbuf);
         PyErr_Restore(type, error, traceback);
     }
     if (result != NULL && result_block != NULL) { /* both flat and C-contiguous, of one dtype and length */

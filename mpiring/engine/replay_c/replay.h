@@ -305,7 +305,7 @@ char *memory_of(PyObject *array, Py_ssize_t bytes, Py_ssize_t items, int writabl
 PyObject *spec_tables(PyObject *module, PyObject *args);
 PyObject *spec_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *spec_elements(PyObject *spec, Py_ssize_t blocks, int borrow);
-void pin_byte_buffer(PyObject *spec);
+void pin_buffer(PyObject *spec);
 PyObject *own_block(PyObject *array, Py_ssize_t start, Py_ssize_t stop);
 
 /* ---- the drop-in's common calls (dropin.c) ---- */

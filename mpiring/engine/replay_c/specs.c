@@ -108,7 +108,7 @@ PyObject *own_block(PyObject *array, Py_ssize_t start, Py_ssize_t stop) {
 /* Keep `spec`'s buffer exported for good: a borrowed array of it (a byte buffer's, or a NumPy
    array's seen as another datatype) stays with a call a timeout or a lost peer left (Ring.abandon),
    into which MPI may still write, so its memory must stay. */
-void pin_byte_buffer(PyObject *spec) {
+void pin_buffer(PyObject *spec) {
     PyObject *buffer = PyList_CheckExact(spec) && PyList_GET_SIZE(spec) > 0 ? PyList_GET_ITEM(spec, 0) : spec;
     if (spec_bytes == NULL ||
         (Py_TYPE(buffer) != readable_arrays && PyDict_Contains(spec_bytes, (PyObject *)Py_TYPE(buffer)) != 1)) {
