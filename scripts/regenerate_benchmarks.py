@@ -488,7 +488,10 @@ def forms_section(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -
         "highest of that ratio over every size and collective, and how many collectives stay within the "
         "limit at every size of the range. The tables give the sizes of 8 B, 4 KiB, 64 KiB, 256 KiB and 4 MiB "
         "that the run has; under 8 B, each collective's smallest (at n ranks, 4n B for those that count every "
-        "rank's block; barrier moves no data). " + wrong_sentence(runs), "",
+        "rank's block; barrier moves no data). At 4 ranks on 2 cores the ranks take turns on the cores, and "
+        "a rank that waits for one without a core spins away its turn: some cells of a run then stand at "
+        "several times their neighbours', most often those of calls where every rank waits for every "
+        "other (gather without counts=), and MPI's own calls show it too. " + wrong_sentence(runs), "",
         *table(header, summary), "", *tables]
 
 
