@@ -3,8 +3,6 @@ inputs every rank regenerates, and mpi4py's native collective on the same inputs
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -363,22 +361,35 @@ def test_scatter_without_counts_sends_small_blocks_in_the_header_slot(comm, dtyp
                 assert sent == (N - 1 if RANK == root else 0), f"rows {rows}: {sent} messages sent"
 
 
+def _slot_round_messages(core_per_rank: bool) -> int:
+    """The messages this rank sends in a layout round of slots alone: one to every other rank where
+    they go directly, else those of an all-gather of one slot per rank by the algorithm the round
+    uses (Bruck's on one node, the node-aware one across nodes)."""
+    with mpiring.Communicator() as probe:
+        probe._ring.core_per_rank = core_per_rank
+        if collectives.slots_sent_directly(probe._ring):
+            return N - 1
+        slot = np.zeros((1, collectives.layout_slot_bytes(probe._ring)), np.uint8)
+        probe.allgather(slot, counts=[1] * N, algorithm="node_leader" if probe._ring.nodes.hierarchical else "bruck")
+        return probe.traffic.messages
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(d) for d in ("bool", "int16", "float32", "complex128")], ids=str)
 @pytest.mark.parametrize("core_per_rank", [True, False], ids=["a core per rank", "ranks share cores"])
 def test_gather_and_allgather_without_counts_send_small_blocks_in_the_layout_slots(dtype, core_per_rank):
     """Without counts= at a few ranks, every rank's slot with its layout record and, where every
     block fits, its block reaches every other: nothing else moves. On one node with a core per
     rank (or at 2 ranks) each rank sends every other its slot, in one round; where ranks share
-    cores, Bruck's all-gather carries the slots (wider ones), in ceil(lg p) rounds. Ranks pass rows that differ
-    from rank to rank and from call to call, across the slot's size and empty, each layout
-    repeated, so recorded schedules meet every change."""
+    cores, Bruck's all-gather carries the slots (wider ones), and across nodes the node-aware one.
+    Ranks pass rows that differ from rank to rank and from call to call, across the slot's size
+    and empty, each layout repeated, so recorded schedules meet every change."""
     comm = mpiring.Communicator()
     comm._ring.core_per_rank = core_per_rank  # (as if the machine had the cores, or had not: alike on every rank)
     row_bytes = 3 * dtype.itemsize
     room = collectives.layout_slot_bytes(comm._ring) - collectives.LAYOUT_BYTES
     most = room // row_bytes  # the most rows a slot takes
     slots = collectives.layout_in_slots(comm._ring)
-    messages = N - 1 if collectives.slots_sent_directly(comm._ring) else math.ceil(math.log2(N)) if N > 1 else 0
+    messages = _slot_round_messages(core_per_rank) if slots else 0
     cases = [0, 1, most, most + 1, 7, BIG // 3, most]
     for repeat in range(3):  # each layout seen, recorded, replayed
         for seed, top in enumerate(cases):
