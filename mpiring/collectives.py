@@ -172,9 +172,8 @@ def _exchange_layout(ring: Ring, call: Call, x: Any, out: Any, out_rows_needed: 
 
 def _all_gather_table(ring: Ring, backend: NumpyBackend, call: Call, table: Any, width: int) -> Steps:
     """All-gather a layout round's table of `width` elements per rank (words of records, or bytes
-    of slots): a few hundred bytes at most, so by the
-    latency-optimal all-gather (Bruck's ceil(lg p) steps), or across nodes by the node-aware one,
-    whose leaders alone cross the network, in one round."""
+    of slots): a few KiB at most, so by the latency-optimal all-gather (Bruck's ceil(lg p) steps),
+    or across nodes by the node-aware one, whose leaders alone cross the network, in one round."""
     exchange = allgather_node_leader if ring.nodes.hierarchical else allgather_bruck
     yield from exchange(ring, _host_side(backend), call.tag, table, list(range(0, (ring.size + 1) * width, width)))
 
