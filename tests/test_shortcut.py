@@ -353,10 +353,6 @@ class StandInRequest(native.RequestFields):
         self.handed.append(("resume", stopped))
 
 
-class StandInCall:
-    __slots__ = ("step", "number")
-
-
 class PersistentRig:
     def __init__(self, prologue=(), exchanges=1) -> None:
         self.works = []
@@ -367,7 +363,7 @@ class PersistentRig:
                                traffic=Traffic(bytes_sent=8, bytes_received=8, messages=2))
         # bound for life, as a persistent request's schedule
         self.program.bind(None, self.result, 0, self.result.__array_interface__["data"][0])
-        self.call = StandInCall()
+        self.call = native.CallFields()  # a Call's fields that the C start writes
         self.call.step = 3
         request = self.request
         handlers = (request._start_in_python, request._wait_in_python, request._failed_start, request._resume_wait)

@@ -37,6 +37,7 @@ except ImportError:  # not built (no compiler at install time): everything repla
 HotState: Any = state.HotState if _replay is None else _replay.HotState
 Counters: Any = state.Counters if _replay is None else _replay.Counters
 RequestFields: Any = state.RequestFields if _replay is None else _replay.RequestFields
+CallFields: Any = state.CallFields if _replay is None else _replay.CallFields
 
 # Program.run's reasons for stopping
 STOPPED_WAITING, STOPPED_SIZE, STOPPED_ERROR, STOPPED_CHANGED, STOPPED_NOTICE = 0, 1, 2, 3, 4

@@ -1,5 +1,5 @@
-"""A communicator's hot state in Python: the same fields as `HotState`, `Counters` and
-`RequestFields` in the C extension (mpiring/engine/replay_c/), for where it was not built
+"""A communicator's hot state in Python: the same fields as `HotState`, `Counters`,
+`RequestFields` and `CallFields` in the C extension (mpiring/engine/replay_c/), for where it was not built
 (mpiring.engine.native picks one form or the other, once per process).
 
 What every call reads or counts is kept in one object per communicator, which the Ring and the
@@ -72,3 +72,10 @@ class RequestFields:
     (mpiring.engine.requests.PersistentRequest subclasses this)."""
 
     __slots__ = ("_freed", "_running", "_position", "_error", "_run")
+
+
+class CallFields:
+    """A call's fields that a persistent request's C start writes
+    (mpiring.engine.transport.Call subclasses this)."""
+
+    __slots__ = ("step", "number")

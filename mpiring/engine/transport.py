@@ -14,13 +14,12 @@ This module knows MPI and the backends' buffer protocol, and nothing of the ring
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
-from mpiring.engine.native import Counters
+from mpiring.engine.native import CallFields, Counters
 from mpiring.errors import CommunicationError
 
 if TYPE_CHECKING:
@@ -71,20 +70,33 @@ class Step:
         self.fresh_sends: list[tuple[int, Any, int, int, MPI.Intracomm]] = []
 
 
-@dataclass(slots=True)
-class Call:
-    """One collective call as the engine sees it: what to name in errors, and how long to wait."""
+class Call(CallFields):  # step and number are C fields where the extension was built: a persistent start writes them
+    """One collective call as the engine sees it: what to name in errors, and how long to wait.
 
-    collective: str
-    algorithm: str  # as asked for; the collective replaces "auto" with the one it chose
-    tag: int
-    timeout: float | None = None
-    step: int = 0  # steps completed so far
-    checked: tuple = ()  # (x, op, root) as the consistency check (MPIRING_CHECK) compares them
-    arrays: tuple = (None, None)  # a nonblocking or persistent call's (x, out), for the aliasing check
-    # a nonblocking call's or persistent run's number on the ring (None: a blocking call, numbered
-    # ring.calls while it runs): a notice that a rank left it names it (waiting.leave_notice)
-    number: int | None = None
+    collective, algorithm  what to name in errors (the collective replaces an "auto" algorithm
+                           with the one it chose)
+    tag, timeout           the call's tag, and how long it may wait (None: no limit)
+    step                   steps completed so far
+    checked                (x, op, root) as the consistency check (MPIRING_CHECK) compares them
+    arrays                 a nonblocking or persistent call's (x, out), for the aliasing check
+    number                 a nonblocking call's or persistent run's number on the ring (None: a
+                           blocking call, numbered ring.calls while it runs): a notice that a rank
+                           left it names it (waiting.leave_notice)
+    """
+
+    __slots__ = ("collective", "algorithm", "tag", "timeout", "checked", "arrays")
+
+    def __init__(self, collective: str, algorithm: str, tag: int, timeout: float | None = None,
+                 checked: tuple = ()) -> None:
+        self.collective, self.algorithm, self.tag, self.timeout = collective, algorithm, tag, timeout
+        self.step = 0
+        self.checked = checked
+        self.arrays: tuple = (None, None)
+        self.number: int | None = None
+
+    def __repr__(self) -> str:
+        return (f"Call({self.collective!r}, {self.algorithm!r}, tag={self.tag}, timeout={self.timeout}, "
+                f"step={self.step}, number={self.number})")
 
 
 # An algorithm: a generator that yields each step it posted and returns the collective's result.

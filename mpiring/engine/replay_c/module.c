@@ -39,8 +39,8 @@ static int intern_names(void) {
 
 PyMODINIT_FUNC PyInit__replay(void) {
     if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&HotStateType) < 0 || PyType_Ready(&ProgramType) < 0 ||
-        PyType_Ready(&ShortcutType) < 0 || PyType_Ready(&RequestFieldsType) < 0 || PyType_Ready(&PersistentType) < 0 ||
-        intern_names() < 0)
+        PyType_Ready(&ShortcutType) < 0 || PyType_Ready(&RequestFieldsType) < 0 || PyType_Ready(&CallFieldsType) < 0 ||
+        PyType_Ready(&PersistentType) < 0 || intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -51,6 +51,7 @@ PyMODINIT_FUNC PyInit__replay(void) {
         PyModule_AddObjectRef(m, "Shortcut", (PyObject *)&ShortcutType) < 0 ||
         PyModule_AddObjectRef(m, "PersistentShortcut", (PyObject *)&PersistentType) < 0 ||
         PyModule_AddObjectRef(m, "RequestFields", (PyObject *)&RequestFieldsType) < 0 ||
+        PyModule_AddObjectRef(m, "CallFields", (PyObject *)&CallFieldsType) < 0 ||
         PyModule_AddIntConstant(m, "WORK_COPY", WORK_COPY) < 0 || PyModule_AddIntConstant(m, "WORK_OP", WORK_OP) < 0 ||
         PyModule_AddIntConstant(m, "WORK_DIVIDE", WORK_DIVIDE) < 0 ||
         PyModule_AddIntConstant(m, "WORK_EXPECT", WORK_EXPECT) < 0) {

@@ -13,8 +13,8 @@
  *
  * The same decisions and state changes as the Python methods' lean paths. The communicator's
  * state is its HotState's fields, the request's own its RequestFields' (PersistentRequest
- * subclasses that type); its call's step and number are written at __slots__ offsets found once
- * when it is made, and its methods are given then. The program stays bound to the request's
+ * subclasses that type), its call's step and number its CallFields' (transport.Call subclasses
+ * that one); its methods are given when it is made. The program stays bound to the request's
  * arrays for life.
  */
 #include "replay.h"
@@ -79,24 +79,49 @@ PyTypeObject RequestFieldsType = {
     .tp_members = request_fields_members,
 };
 
-/* Where instances of `type` keep the __slots__ field `name`; -1 with an error if it is not one. */
-static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
-    PyObject *descriptor = PyObject_GetAttrString((PyObject *)type, name);
-    Py_ssize_t offset = -1;
-    if (descriptor != NULL && Py_TYPE(descriptor) == &PyMemberDescr_Type &&
-        ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX)
-        offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
-    else if (descriptor != NULL)
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", type->tp_name, name);
-    Py_XDECREF(descriptor);
-    return offset;
+/* A call's fields that a persistent request's C start writes, as C fields (transport.Call
+   subclasses this; mpiring.engine.state has the Python form). */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t step; /* steps completed so far */
+    PyObject *number; /* a nonblocking call's or persistent run's number on the ring, or None (NULL) */
+} CallFields;
+
+static int call_fields_traverse(CallFields *self, visitproc visit, void *arg) {
+    Py_VISIT(self->number);
+    return 0;
 }
 
-#define FIELD(object, offset) (*(PyObject **)((char *)(object) + (offset))) /* borrowed; NULL if unset */
-
-static void set_field(PyObject *object, Py_ssize_t offset, PyObject *value) {
-    Py_XSETREF(FIELD(object, offset), Py_NewRef(value));
+static int call_fields_clear(CallFields *self) {
+    Py_CLEAR(self->number);
+    return 0;
 }
+
+static void call_fields_dealloc(CallFields *self) {
+    PyObject_GC_UnTrack(self);
+    call_fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef call_fields_members[] = {
+    {"step", T_PYSSIZET, offsetof(CallFields, step), 0, "steps completed so far"},
+    {"number", T_OBJECT, offsetof(CallFields, number), 0,
+     "a nonblocking call's or persistent run's number on the ring (None: a blocking call)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject CallFieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mpiring.engine._replay.CallFields",
+    .tp_basicsize = sizeof(CallFields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A call's fields that a persistent request's C start writes, as C fields",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)call_fields_dealloc,
+    .tp_traverse = (traverseproc)call_fields_traverse,
+    .tp_clear = (inquiry)call_fields_clear,
+    .tp_members = call_fields_members,
+};
 
 /* None, or a field never set (NULL) */
 static int none(PyObject *field) {
@@ -120,11 +145,11 @@ enum { BOUND_FLAGS = ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE };
 typedef struct {
     PyObject_HEAD
     RequestFields *request;       /* the request itself */
-    PyObject *program, *call;
+    PyObject *program;
+    CallFields *call;             /* the request's call */
     HotState *state;              /* the communicator's: its thread, calls, traffic, in flight, freed, broken */
     PyObject *handlers[HANDLERS]; /* the request's own methods, bound */
     double spin;                  /* as PersistentRequest._spin */
-    Py_ssize_t step_at, number_at; /* where the call keeps its step and number */
     Bound bound[2];               /* x and out as the program was bound to them */
 } Persistent;
 
@@ -193,9 +218,8 @@ static PyObject *persistent_start(Persistent *self, PyObject *unused) {
     if (now == NULL)
         return NULL;
     number_call(program, calls + 1); /* the notice this run looks for at its end */
-    set_field(self->call, self->number_at, now);
-    Py_DECREF(now);
-    set_field(self->call, self->step_at, zero);
+    Py_XSETREF(self->call->number, now);
+    self->call->step = 0;
     request->running = 1;
     Py_XSETREF(request->error, Py_NewRef(Py_None));
     add_counters(state->traffic, program->traffic);
@@ -255,19 +279,17 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
     PyObject *request, *state, *program, *call, *handlers;
     double spin;
     static char *names[] = {"request", "state", "program", "call", "spin", "handlers", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OdO!", names, &RequestFieldsType, &request, &HotStateType,
-                                     &state, &ProgramType, &program, &call, &spin, &PyTuple_Type, &handlers) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!O!dO!", names, &RequestFieldsType, &request,
+                                     &HotStateType, &state, &ProgramType, &program, &CallFieldsType, &call, &spin,
+                                     &PyTuple_Type, &handlers) ||
         !hot_ready((HotState *)state))
         return -1;
     if (PyTuple_GET_SIZE(handlers) != HANDLERS) {
         PyErr_SetString(PyExc_TypeError, "handlers: the request's four methods");
         return -1;
     }
-    /* the call's own fields, by __slots__ offset (found once, here) */
-    if ((self->step_at = slot_offset(Py_TYPE(call), "step")) < 0 ||
-        (self->number_at = slot_offset(Py_TYPE(call), "number")) < 0)
-        return -1;
-    PyObject **slots[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program, &self->call};
+    PyObject **slots[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program,
+                          (PyObject **)&self->call};
     PyObject *given[] = {request, state, program, call};
     for (int i = 0; i < 4; i++)
         Py_XSETREF(*slots[i], Py_NewRef(given[i]));
@@ -284,7 +306,7 @@ static int persistent_init(Persistent *self, PyObject *args, PyObject *kwds) {
 }
 
 static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
-    PyObject *held[] = {(PyObject *)self->request, (PyObject *)self->state, self->program, self->call};
+    PyObject *held[] = {(PyObject *)self->request, (PyObject *)self->state, self->program, (PyObject *)self->call};
     for (int i = 0; i < 4; i++)
         Py_VISIT(held[i]);
     for (int i = 0; i < HANDLERS; i++)
@@ -293,7 +315,8 @@ static int persistent_traverse(Persistent *self, visitproc visit, void *arg) {
 }
 
 static int persistent_clear(Persistent *self) {
-    PyObject **held[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program, &self->call};
+    PyObject **held[] = {(PyObject **)&self->request, (PyObject **)&self->state, &self->program,
+                         (PyObject **)&self->call};
     for (int i = 0; i < 4; i++)
         Py_CLEAR(*held[i]);
     for (int i = 0; i < HANDLERS; i++)

@@ -315,7 +315,7 @@ PyObject *dropin_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---- the call paths taken in C (shortcut.c, persistent.c) ---- */
 
-extern PyTypeObject ShortcutType, RequestFieldsType, PersistentType;
+extern PyTypeObject ShortcutType, RequestFieldsType, CallFieldsType, PersistentType;
 
 /* ---- the module (module.c) ---- */
 
