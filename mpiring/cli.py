@@ -33,7 +33,7 @@ def _info() -> int:
 
     row = "  " + describe_binding(comm, cupy).describe()  # collective: binds each rank to its GPU
     rows = comm.gather(row, root=0)  # info is a diagnostic, so it trusts MPI's own gather
-    nodes, _, spins = topology.discover(comm)  # collective, as a Communicator finds them
+    nodes, _, spins, _ = topology.discover(comm)  # collective, as a Communicator finds them
     if comm.Get_rank() != 0:
         return 0
     library = MPI.Get_library_version().strip().splitlines()[0]

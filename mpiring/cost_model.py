@@ -1239,11 +1239,11 @@ def _p_reduce_scatter(algorithm: str, ranks: Sequence[int], count: int, bounds: 
     raise ValueError(f"no pattern of reduce_scatter {algorithm!r}")
 
 
-def _p_scan_chain(ranks: Sequence[int], count: int, item: int, exclusive: bool) -> Pattern:
+def _p_scan_chain(ranks: Sequence[int], count: int, item: int, exclusive: bool, takes_turns: bool) -> Pattern:
     p = len(ranks)
     if p == 1:
         return []
-    parts = chain_segments(count, item, p)
+    parts = chain_segments(count, item, p, takes_turns)
     rounds = []
     for t in range(p + len(parts) - 2):
         one = Round()
@@ -1273,19 +1273,23 @@ def _p_scan_doubling(ranks: Sequence[int], n: int, exclusive: bool) -> Pattern:
     return rounds
 
 
-def _p_scan(algorithm: str, ranks: Sequence[int], count: int, item: int, k: int, exclusive: bool) -> Pattern:
+def _p_scan(algorithm: str, ranks: Sequence[int], count: int, item: int, k: int, exclusive: bool,
+            shared_cores: bool) -> Pattern:
     n = count * item
-    if algorithm == "ring":
-        return _p_scan_chain(ranks, count, item, exclusive)
+    if algorithm == "ring":  # its ranks take turns where they share one node's cores (Ring.takes_turns)
+        one_node = all(r // k == ranks[0] // k for r in ranks)
+        return _p_scan_chain(ranks, count, item, exclusive, shared_cores and one_node)
     if algorithm == "recursive_doubling":
         return _p_scan_doubling(ranks, n, exclusive)
     if algorithm == "node_leader":
         nodes = [list(ranks[i : i + k]) for i in range(0, len(ranks), k)]
-        inside = _side_by_side(_p_scan(flat_choice("scan", n, k), node, count, item, k, exclusive) for node in nodes)
+        inside = _side_by_side(_p_scan(flat_choice("scan", n, k), node, count, item, k, exclusive, shared_cores)
+                               for node in nodes)
         if len(nodes) == 1:
             return inside
         totals = [Round(reduced={node[-1]: n for node in nodes})] if exclusive and k > 1 else []
-        across = _p_scan(across_choice("scan", n, len(nodes)), [node[-1] for node in nodes], count, item, 1, True)
+        across = _p_scan(across_choice("scan", n, len(nodes)), [node[-1] for node in nodes], count, item, 1, True,
+                         shared_cores)
         broadcast = _side_by_side(_p_broadcast(flat_choice("broadcast", n, k), node, k - 1, count, item, k)
                                   for node in nodes[1:])
         combine = Round(reduced={r: n for node in nodes[1:] for r in node if not (exclusive and r == node[0])})
@@ -1294,10 +1298,11 @@ def _p_scan(algorithm: str, ranks: Sequence[int], count: int, item: int, k: int,
 
 
 def pattern(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, itemsize: int = 8,
-            root: int = 0) -> Pattern:
+            root: int = 0, shared_cores: bool = False) -> Pattern:
     """Every message of every round, as mpiring sends them for `nbytes` of `itemsize`-byte items
     (per rank; the buffer for broadcast; in all for gather and scatter) on `nodes` x `per_node` ranks in
-    node order."""
+    node order; `shared_cores`: each node has fewer cores than ranks (the model's times assume a
+    core per rank; the chain scan then sends one segment inside a node)."""
     if algorithm == "auto":
         algorithm = auto_choice(collective, nbytes, nodes, per_node)
     _check(collective, algorithm, nodes, per_node)
@@ -1317,13 +1322,13 @@ def pattern(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: 
         return _p_scatter(algorithm, ranks, root, bounds, itemsize, per_node)
     if collective == "reduce_scatter":
         return _p_reduce_scatter(algorithm, ranks, count, bounds, itemsize, per_node)
-    return _p_scan(algorithm, ranks, count, itemsize, per_node, collective == "exscan")
+    return _p_scan(algorithm, ranks, count, itemsize, per_node, collective == "exscan", shared_cores)
 
 
 def bytes_sent(collective: str, algorithm: str, nbytes: int, nodes: int, per_node: int, rank: int,
-               itemsize: int = 8, root: int = 0) -> tuple[int, int]:
+               itemsize: int = 8, root: int = 0, shared_cores: bool = False) -> tuple[int, int]:
     """(bytes, messages) `rank` hands to MPI in one call: what mpiring's `comm.traffic` counts."""
-    sent = [size for one in pattern(collective, algorithm, nbytes, nodes, per_node, itemsize, root)
+    sent = [size for one in pattern(collective, algorithm, nbytes, nodes, per_node, itemsize, root, shared_cores)
             for src, _, size in one.messages if src == rank]
     return sum(sent), len(sent)
 

@@ -143,33 +143,42 @@ def _split_one(node: tuple[int, ...], spec: str) -> list[tuple[int, ...]]:
     return [node[starts[i] : starts[i + 1]] for i in range(n)]
 
 
-def discover(comm: MPI.Intracomm) -> tuple[NodeMap, bool, bool]:
+def discover(comm: MPI.Intracomm) -> tuple[NodeMap, bool, bool, frozenset[int]]:
     """Collective over `comm`: its node map (MPIRING_VIRTUAL_NODES applied); whether every rank
-    shares one real node (device buffers may then move by CUDA IPC); and whether this rank's machine
-    has a core for each of its ranks (so waits may spin without offering the core).
+    shares one real node (device buffers may then move by CUDA IPC); whether this rank's machine
+    has a core for each of its ranks (so waits may spin without offering the core); and the ranks
+    whose machine has fewer cores than ranks (they take turns on its cores; alike on every rank).
 
     A communicator of one rank never waits for a message: it asks nothing (and uses no context id).
     """
     if comm.Get_size() == 1:
-        return NodeMap.single(1), True, False
+        return NodeMap.single(1), True, False, frozenset()
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         node_key = MPI.Group.Translate_ranks(shared.Get_group(), [0], comm.Get_group())[0]
     finally:
         shared.Free()
-    facts = comm.allgather((node_key, _machine(), _allowed_cpus()))
+    facts = comm.allgather((node_key, _machine(), _allowed_cpus(), local_ranks()))
     by_node: dict[int, list[int]] = {}
-    for rank, (key, _, _) in enumerate(facts):
+    by_machine: dict[str, list[int]] = {}
+    for rank, (key, machine, _, _) in enumerate(facts):
         by_node.setdefault(key, []).append(rank)
+        by_machine.setdefault(machine, []).append(rank)
     nodes = tuple(sorted(tuple(ranks) for ranks in by_node.values()))
     node_local = len(nodes) == 1
-    machine = facts[comm.Get_rank()][1]
-    neighbours = [cpus for _, other, cpus in facts if other == machine]
-    cores = set().union(*neighbours)
-    spins = len(cores) >= max(len(neighbours), local_ranks()) or library_yields_when_idle()
+    crowded = frozenset(rank for ranks in by_machine.values() if not _a_core_each([facts[r] for r in ranks])
+                        for rank in ranks)
+    spins = comm.Get_rank() not in crowded or library_yields_when_idle()
     if environment.flag(NODE_AWARE, "Communicator") is False:
-        return NodeMap.single(comm.Get_size()), node_local, spins
-    return NodeMap(split_virtual(nodes, environment.text(VIRTUAL_NODES))), node_local, spins
+        return NodeMap.single(comm.Get_size()), node_local, spins, crowded
+    return NodeMap(split_virtual(nodes, environment.text(VIRTUAL_NODES))), node_local, spins, crowded
+
+
+def _a_core_each(neighbours: list[tuple]) -> bool:
+    """Whether one machine's ranks (their discover facts) have a core each: as many cores among
+    them as ranks in the communicator there, or as the launcher started there."""
+    cores = set().union(*(cpus for _, _, cpus, _ in neighbours))
+    return len(cores) >= max(len(neighbours), *(started for _, _, _, started in neighbours))
 
 
 @cache

@@ -17,6 +17,7 @@ import pytest
 from mpiring.algorithms import ALGORITHMS, broadcast_ring, reduce_scatter_ring_pipelined
 from mpiring.backend import NUMPY
 from mpiring.engine.partition import split_bounds
+from mpiring.engine.ring import Ring
 from mpiring.engine.scratch import Scratch
 from mpiring.engine.transport import Step
 from mpiring.topology import NodeMap, split_virtual
@@ -36,6 +37,9 @@ class SimulatedRing:
         self.rank, self.size = rank, size
         self.nodes = nodes or NodeMap.single(size)  # what the node-aware algorithms read
         self.left, self.right = (rank - 1) % size, (rank + 1) % size
+        self.ranks_sharing_cores: frozenset[int] = frozenset()  # (the chain scan sends one segment where all do)
+
+    takes_turns = Ring.takes_turns
 
     def position(self, root: int) -> int:
         return (self.rank - root) % self.size
@@ -162,11 +166,15 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
         monkeypatch.setattr(module, "WINDOW", 2)  # several steps from 3 or 4 ranks on
     # node-aware algorithms on node maps of blocks, round-robin (ranks not in node order) and uneven nodes
     specs = ["", "2", "2:round-robin", "3"] if algorithm.startswith("node_") else [""]
-    for p, spec in ((p, spec) for p in (1, 2, 3, 4, 5, 7, 8) for spec in specs):
+    # ranks that take turns on shared cores as well, where the algorithm asks (the chain scan)
+    sharing = [False, True] if collective in ("scan", "exscan") else [False]
+    for p, spec, shared in ((p, spec, shared) for p in (1, 2, 3, 4, 5, 7, 8) for spec in specs for shared in sharing):
         nodes = NodeMap(split_virtual((tuple(range(p)),), spec))
         for length in sorted({0, 1, p - 1, p + 1, 3 * p + 2, 37}):
             root = length % p
             rings = [CheckingRing(r, p, nodes) for r in range(p)]
+            for ring in rings:
+                ring.ranks_sharing_cores = frozenset(range(p) if shared else ())
             for ring in rings:
                 for step in _steps(collective, algorithm, ring, CheckingBackend(ring), length, root):
                     ring.completed(step)
@@ -174,8 +182,9 @@ def test_schedules_match_and_never_overwrite_live_data(monkeypatch, collective, 
             for a in range(p):
                 for b in range(p):
                     assert rings[a].sent.get(b, []) == rings[b].received.get(a, []), (
-                        f"{collective} {algorithm} p={p} nodes={spec} length={length}: rank {a} sends rank {b} "
-                        f"{rings[a].sent.get(b, [])} bytes, which posts receives for {rings[b].received.get(a, [])}")
+                        f"{collective} {algorithm} p={p} nodes={spec} shared={shared} length={length}: rank {a} sends "
+                        f"rank {b} {rings[a].sent.get(b, [])} bytes, which posts receives for "
+                        f"{rings[b].received.get(a, [])}")
 
 
 class RendezvousRing(SimulatedRing):

@@ -1,13 +1,17 @@
 """The node map (mpiring.topology): virtual nodes cut as MPIRING_VIRTUAL_NODES says, leaders,
-representatives and lanes on even and uneven nodes, and `auto`'s node-aware rows."""
+representatives and lanes on even and uneven nodes, `auto`'s node-aware rows, and which ranks
+take turns on shared cores."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from mpiring.engine.ring import Ring, SubRing
 from mpiring.errors import ArgumentError
 from mpiring.selection import NODE_SWITCH_POINTS, across_choice, choose
-from mpiring.topology import NodeMap, split_virtual
+from mpiring.topology import NodeMap, _a_core_each, split_virtual
 
 EIGHT = (tuple(range(8)),)
 
@@ -80,3 +84,30 @@ def test_auto_takes_the_node_rows_on_several_nodes():
             chosen = choose(collective, "auto", size, 4, nodes)
             assert chosen == algorithm or (algorithm == "flat" and chosen == choose(collective, "auto", size, 4))
     assert choose("allreduce", "ring", 1 << 20, 4, nodes) == "ring"  # asked for: no switching
+
+
+def test_a_machine_has_a_core_each_with_as_many_cores_as_ranks_there_or_started_there():
+    def facts(cpus: set[int], started: int, ranks: int) -> list[tuple]:
+        return [(0, "machine", frozenset(cpus), started)] * ranks
+
+    assert _a_core_each(facts({0, 1}, 2, 2))
+    assert not _a_core_each(facts({0, 1}, 4, 4))
+    assert not _a_core_each(facts({0, 1}, 4, 2))  # a communicator of 2 of the 4 ranks started there
+    assert _a_core_each(facts({0, 1, 2, 3}, 4, 4))
+    assert _a_core_each([(0, "m", frozenset({0}), 2), (0, "m", frozenset({1}), 2)])  # each pinned to its own
+
+
+def test_ranks_take_turns_only_all_on_one_node_whose_cores_they_outnumber():
+    def ring(nodes: tuple, sharing: set[int], rank: int = 0) -> SimpleNamespace:
+        size = sum(map(len, nodes))
+        return SimpleNamespace(nodes=NodeMap(nodes), ranks_sharing_cores=frozenset(sharing), size=size, rank=rank)
+
+    one_node = ((0, 1, 2, 3),)
+    assert Ring.takes_turns(ring(one_node, {0, 1, 2, 3}))
+    assert not Ring.takes_turns(ring(one_node, set()))
+    two_nodes = ((0, 1), (2, 3))
+    assert not Ring.takes_turns(ring(two_nodes, {0, 1, 2, 3}))  # a chain across nodes: its links run at once
+    world = ring(two_nodes, {0, 1, 2, 3}, rank=1)
+    assert SubRing(world, (0, 1)).takes_turns()  # a node of it
+    assert not SubRing(world, (1, 3)).takes_turns()  # the leaders, across nodes
+    assert not SubRing(ring(two_nodes, {2, 3}, rank=1), (0, 1)).takes_turns()  # that node has a core each

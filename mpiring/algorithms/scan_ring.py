@@ -6,7 +6,9 @@ Cost: (p+m-2) (alpha + n/m beta + n/m gamma)      (n bytes per rank, p ranks, m 
       -> n (beta + gamma) + (p+m-2) alpha once m >> p
 Every rank but the last sends n bytes and every rank but the first receives n bytes: the least
 any scan can move, so it suits large messages. Latency grows with p (recursive doubling's lg p
-rounds are better for small ones).
+rounds are better for small ones). Segments of 512 KiB, or one (m = 1): with 2 ranks, and where
+the chain's ranks share one node's cores, so that only one hop runs at a time and
+(p-1)(alpha + n beta + n gamma) beats the pipeline's p+m-2 turns.
 
 Rank r computes ((x0 op x1) op x2) ... op xr, left to right: the order of a rank-ordered
 cumulative reduction (numpy.ufunc.accumulate), bitwise, floats included.
@@ -35,14 +37,15 @@ from mpiring.engine.ring import Ring
 from mpiring.engine.transport import Steps
 
 # As the ring broadcast's: big enough that a segment's message cost stays small next to its
-# transfer; with 2 ranks there is nothing to overlap, and the data goes as one message.
+# transfer. With 2 ranks there is nothing to overlap, and where the chain's ranks take turns on
+# one node's cores (Ring.takes_turns) its hops cannot run at once: the data goes as one message.
 SEGMENT_BYTES = 512 * 1024
 
 
-def chain_segments(length: int, itemsize: int, world_size: int) -> list[tuple[int, int]]:
+def chain_segments(length: int, itemsize: int, world_size: int, takes_turns: bool = False) -> list[tuple[int, int]]:
     """The [lo, hi) segments the chain sends: at least one, so an empty array still sends its
     (empty) message and ranks whose lengths differ get a size error, not a stray message."""
-    size = length if world_size <= 2 else max(1, SEGMENT_BYTES // itemsize)
+    size = length if world_size <= 2 or takes_turns else max(1, SEGMENT_BYTES // itemsize)
     return segments(length, max(size, 1)) or [(0, 0)]
 
 
@@ -50,7 +53,7 @@ def scan_ring(ring: Ring, backend: NumpyBackend, tag: int, src: Any, out: Any, o
     """Prefix-reduce flat `src` into flat `out` (apart from `src`, or `src` itself): over ranks
     0..r, or with `exclusive` over 0..r-1 (rank 0's `out` is then left alone)."""
     p, r = ring.size, ring.rank
-    parts = chain_segments(src.size, src.itemsize, p)
+    parts = chain_segments(src.size, src.itemsize, p, ring.takes_turns())
     in_place = out is not None and backend.may_share_memory(src, out)
     if r == 0:
         if not exclusive and not in_place:

@@ -133,7 +133,7 @@ def private_ring(base: MPI.Intracomm) -> Ring:
             made.append(base.Dup())
             made.append(made[0].Dup())
             ring = Ring(*made)
-            ring.nodes, ring.node_local, ring.core_per_rank = topology.discover(ring.comm)
+            ring.nodes, ring.node_local, ring.core_per_rank, ring.ranks_sharing_cores = topology.discover(ring.comm)
             if ring.node_local and ring.size > 1:
                 ring.notice_board = open_board(ring.comm)
     except CommunicationError:

@@ -133,6 +133,9 @@ class Ring:
         # test (topology.discover, alike on every rank of a machine): one more message per step
         # costs little there, where ranks that take turns on a core pay for each
         self.core_per_rank = False
+        # the ranks whose machine has fewer cores than ranks (topology.discover, alike on every
+        # rank): a chain of them on one node takes turns on the cores rather than running at once
+        self.ranks_sharing_cores: frozenset[int] = frozenset()
         # the node has a core for each of its ranks, or the MPI library offers it in each test:
         # waits spin without offering the core themselves (read_settings; MPIRING_BUSY_POLL
         # overrides). Oversubscribed ranks offer it.
@@ -147,6 +150,11 @@ class Ring:
         self._owner_thread: threading.Thread | None = None
 
     # ---- topology ----
+
+    def takes_turns(self) -> bool:
+        """Whether all its ranks sit on one node whose cores they outnumber: there the hops of a
+        pipeline take turns on the cores, so splitting a message only adds steps."""
+        return len(self.nodes.nodes) == 1 and len(self.ranks_sharing_cores) == self.size
 
     def read_settings(self) -> None:
         """What MPIRING_SCRATCH_BYTES, MPIRING_INFLIGHT_BYTES, MPIRING_BUSY_POLL and
@@ -321,6 +329,12 @@ class SubRing:
         self.left = (self.rank - 1) % self.size
         self.right = (self.rank + 1) % self.size
         self.nodes = NodeMap.single(self.size)  # a sub-ring's algorithms are flat ones
+
+    def takes_turns(self) -> bool:
+        """As Ring.takes_turns, for these ranks: all on one node of the ring, whose cores they outnumber."""
+        ring = self.ring
+        node = set(ring.nodes.node(self.members[0]))
+        return all(member in node and member in ring.ranks_sharing_cores for member in self.members)
 
     def position(self, root: int) -> int:
         return (self.rank - root) % self.size
