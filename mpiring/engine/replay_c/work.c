@@ -7,10 +7,14 @@
 
 /* ---- arithmetic: out[i] = a[i] op b[i], exactly as NumPy's ufuncs ---- */
 
+/* Unrolled so that each pass of the vector loop covers 64 bytes or more: a loop of one vector per
+   pass ran up to twice as long where its few instructions happened to straddle a 64-byte line
+   of code (which varies with any change elsewhere in the extension). */
 #define LOOP(T, EXPR)                                                       \
     do {                                                                    \
         T *o = (T *)out;                                                    \
         const T *x = (const T *)a, *y = (const T *)b;                       \
+        _Pragma("GCC unroll 4")                                             \
         for (Py_ssize_t i = 0; i < n; i++) {                                \
             T u = x[i], v = y[i];                                           \
             o[i] = (EXPR);                                                  \
