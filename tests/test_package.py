@@ -1,9 +1,10 @@
-"""Serial tests: segment arithmetic, the public surface, and the command line."""
+"""Serial tests: segment arithmetic, the public surface, the command line, and what the C replay reads by name."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -365,3 +366,15 @@ def test_python_m_mpiring_dropin_runs_a_program_unchanged(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "mpiring.dropin", result.stdout
     assert "[1.0, 1.0, 1.0]" in result.stdout and "['a', 'b']" in result.stdout, result.stdout
+
+
+def test_the_c_replay_looks_up_no_attribute_of_mpirings_objects_by_name():
+    """What C reads of mpiring's Python side are C structs' fields (the hot state, a request's and a
+    call's fields) and objects handed to it: the only names it looks up are NumPy's arrays' own."""
+    sources = pathlib.Path(mpiring.__file__).parent / "engine" / "replay_c"
+    text = "\n".join(path.read_text() for path in sorted(sources.glob("*.[ch]")))
+    assert not re.search(r"PyMemberDescr|tp_dictoffset|_PyObject_GetDictPtr|GetAttrString|SetAttr", text)
+    looked_up = re.findall(r"PyObject_(?:GetAttr|CallMethod\w*)\(\s*\w+\s*,\s*(\w+)", text)
+    assert looked_up and set(looked_up) <= {"s_dtype", "s_shape", "s_view", "s_copy"}, looked_up
+    interned = dict(re.findall(r"(s_\w+) = PyUnicode_InternFromString\(\"(\w+)\"\)", text))
+    assert interned == {"s_shape": "shape", "s_dtype": "dtype", "s_view": "view", "s_copy": "copy"}

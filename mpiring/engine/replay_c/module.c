@@ -4,7 +4,7 @@
  */
 #include "replay.h"
 
-PyObject *s_shape, *s_dtype, *s_view, *s_copy, *zero;
+PyObject *s_shape, *s_dtype, *s_view, *s_copy;
 
 static PyMethodDef module_methods[] = {
     {"bind", bind_library, METH_VARARGS,
@@ -28,11 +28,10 @@ static struct PyModuleDef module = {
 };
 
 /* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape and may copy an
-   array; spec_items takes a view), and the int 0 */
+   array; spec_items takes a view) */
 static int intern_names(void) {
     return (s_shape = PyUnicode_InternFromString("shape")) && (s_dtype = PyUnicode_InternFromString("dtype")) &&
-                   (s_view = PyUnicode_InternFromString("view")) && (s_copy = PyUnicode_InternFromString("copy")) &&
-                   (zero = PyLong_FromLong(0))
+                   (s_view = PyUnicode_InternFromString("view")) && (s_copy = PyUnicode_InternFromString("copy"))
                ? 0
                : -1;
 }

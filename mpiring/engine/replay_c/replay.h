@@ -321,7 +321,7 @@ extern PyTypeObject ShortcutType, RequestFieldsType, CallFieldsType, PersistentT
 
 /* NumPy's attribute names (the Shortcut's key reads an array's dtype and shape; spec_items takes
    a view), and the int 0 (a persistent run's first step) */
-extern PyObject *s_shape, *s_dtype, *s_view, *s_copy, *zero;
+extern PyObject *s_shape, *s_dtype, *s_view, *s_copy;
 
 #pragma GCC visibility pop
 
