@@ -20,8 +20,9 @@ collective and MPI.
 With --forms (or only them, --forms-only) it also runs `mpiring.bench --form all` at each of
 --form-ranks, 8 B to 4 MiB unless --min-bytes/--max-bytes say otherwise, kept as NAME-forms.*,
 and writes "Every call form": per MPI and world size, a table per form of mpiring's time over
-its native counterpart's, and a summary. A part of the section whose results are not under
---scratch (the best-form runs, or the form runs) is kept from the page as it stands.
+its native counterpart's, and a summary. A part of the section that the invocation does not run
+(the form runs without --forms, the best-form runs with --forms-only) is kept from the page as it
+stands; --no-run rewrites both from the results under --scratch (of --ranks and --form-ranks).
 
 Needs only the standard library itself; the venvs hold everything the runs need.
 """
@@ -509,8 +510,11 @@ def page_parts(path: str) -> tuple[str, str]:
 
 
 def generated_section(args: argparse.Namespace) -> str:
-    """The section from the results under --scratch; a part with none there is kept from the page."""
-    runs, form_runs = load_runs(args), load_runs(args, forms=True)
+    """The section from the results under --scratch of the parts this invocation ran (both, with
+    --no-run); a part it did not run, or has no results for, is kept from the page: a run of the
+    best-form tables alone leaves the form tables of every world size as they are."""
+    runs = load_runs(args) if args.no_run or not args.forms_only else {}
+    form_runs = load_runs(args, forms=True) if args.no_run or args.forms else {}
     if not runs and not form_runs:
         raise SystemExit(f"no results under {args.scratch}: run without --no-run first")
     kept_best, kept_forms = page_parts(args.doc)

@@ -316,7 +316,8 @@ def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
         "# form best: the same arrays; native: the same buffers\n# form plain: no out=; native: a new output\n")
     (tmp_path / script.FORMS_CONTEXT).write_text(json.dumps(dict(context, commit="def5678")))
     args = argparse.Namespace(mpis=["mpich"], ranks=[2], form_ranks=[2], scratch=str(tmp_path),
-                              plots=str(tmp_path), doc=str(tmp_path / "benchmarks.md"))
+                              plots=str(tmp_path), doc=str(tmp_path / "benchmarks.md"), no_run=True, forms=False,
+                              forms_only=False)
     written = script.generated_section(args)
     page = (ROOT / "docs" / "benchmarks.md").read_text().split(script.BEGIN)[1].split(script.END)[0]
 
@@ -336,7 +337,13 @@ def test_the_benchmarks_page_has_the_structure_the_script_writes(tmp_path):
     (tmp_path / "benchmarks.md").write_text(f"# Benchmarks\n\n{written}\n")
     (tmp_path / "mpich-2ranks.json").unlink()
     (tmp_path / "mpich-2ranks-forms.cmd").write_text("mpirun -n 2 python -m mpiring.bench --form all -e 4K\n")
-    assert script.generated_section(args) == written.replace("--form all\n", "--form all -e 4K\n")
+    rewritten = written.replace("--form all\n", "--form all -e 4K\n")
+    assert script.generated_section(args) == rewritten
+    # A run of the best-form tables alone keeps the page's form tables, whatever form results are kept.
+    (tmp_path / "mpich-2ranks.json").write_text(json.dumps({"meta": meta, "results": [row]}))
+    (tmp_path / "mpich-2ranks-forms.cmd").write_text("mpirun -n 2 python -m mpiring.bench --form all -e 1K\n")
+    best_only = argparse.Namespace(**dict(vars(args), no_run=False))
+    assert script.generated_section(best_only) == written
 
 
 def test_the_changelog_has_the_current_version():
