@@ -154,7 +154,7 @@ class Ring:
     def takes_turns(self) -> bool:
         """Whether all its ranks sit on one node whose cores they outnumber: there the hops of a
         pipeline take turns on the cores, so splitting a message only adds steps."""
-        return len(self.nodes.nodes) == 1 and len(self.ranks_sharing_cores) == self.size
+        return take_turns(self, range(self.size))
 
     def read_settings(self) -> None:
         """What MPIRING_SCRATCH_BYTES, MPIRING_INFLIGHT_BYTES, MPIRING_BUSY_POLL and
@@ -308,6 +308,12 @@ class Ring:
             self.abandoned.append(in_flight)
 
 
+def take_turns(ring: Any, members: Sequence[int]) -> bool:
+    """Whether the ring ranks `members` all sit on one node of `ring` and share its cores."""
+    node = ring.nodes.node(members[0])
+    return all(member in node and member in ring.ranks_sharing_cores for member in members)
+
+
 class SubRing:
     """Some of a ring's ranks seen as a ring of their own (a node's ranks, a lane, the leaders),
     for node-aware algorithms to run flat ones inside a node or across nodes.
@@ -332,9 +338,7 @@ class SubRing:
 
     def takes_turns(self) -> bool:
         """As Ring.takes_turns, for these ranks: all on one node of the ring, whose cores they outnumber."""
-        ring = self.ring
-        node = set(ring.nodes.node(self.members[0]))
-        return all(member in node and member in ring.ranks_sharing_cores for member in self.members)
+        return take_turns(self.ring, self.members)
 
     def position(self, root: int) -> int:
         return (self.rank - root) % self.size

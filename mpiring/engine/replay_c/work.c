@@ -8,8 +8,8 @@
 /* ---- arithmetic: out[i] = a[i] op b[i], exactly as NumPy's ufuncs ---- */
 
 /* Unrolled so that each pass of the vector loop covers 64 bytes or more: a loop of one vector per
-   pass ran up to twice as long where its few instructions happened to straddle a 64-byte line
-   of code (which varies with any change elsewhere in the extension). */
+   pass runs up to twice as long where its few instructions straddle a 64-byte line of code,
+   which any change elsewhere in the extension may bring about. */
 #define LOOP(T, EXPR)                                                       \
     do {                                                                    \
         T *o = (T *)out;                                                    \
