@@ -37,6 +37,15 @@ def test_the_key_tells_calls_apart_that_share_a_tag():
     assert board.who_left(9, 3 + 256) == -1
 
 
+def test_a_board_no_rank_posted_on_is_not_searched():
+    """`posted` says whether any rank posted: a key written without it is not looked for."""
+    board = board_of(2, 0)
+    board.rows[1, 5] = key(5, 7)
+    assert board.who_left(5, 7) == -1
+    NoticeBoard(board._memory, 2, 1).post(6, 7)  # (in slot 0)
+    assert board.who_left(5, 7) == 1
+
+
 def test_a_row_keeps_the_last_slots_calls():
     memory = mmap.mmap(-1, mmap.PAGESIZE)
     reader, writer = board_of(2, 0, memory), NoticeBoard(memory, 2, 1)
@@ -50,6 +59,7 @@ def test_bytes_of_a_key_across_two_slots_are_no_match():
     board = board_of(2, 0)
     wanted = key(5, 7).to_bytes(8, "little", signed=True)
     both = (b"\xff" * 4 + wanted[:4], wanted[4:] + b"\xff" * 4)
+    NoticeBoard(board._memory, 2, 1).post(6, 7)  # (some post: the rows are searched)
     board.rows[1, 0], board.rows[1, 1] = (int.from_bytes(half, "little", signed=True) for half in both)
     assert board.who_left(5, 7) == -1
     board.rows[1, 5] = key(5, 7)

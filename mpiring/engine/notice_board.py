@@ -12,6 +12,10 @@ rank wrote; only that rank writes it.
 
     rows, int64 (-1: empty)    rank 0 | key key -1 ... (SLOTS)
                                rank 1 | -1  -1  -1 ...
+    posted, int64              0 until any rank posts (then 1)
+
+A rank sets `posted` after it writes its key, so a look finds nothing to search while no rank
+ever left a call: one load on every completed call rather than a search of the rows.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def key(tag: int, number: int) -> int:
 class NoticeBoard:
     """One communicator's board, mapped in this process (`open_board` makes it)."""
 
-    __slots__ = ("rows", "rank", "address", "_memory", "_end", "_written")
+    __slots__ = ("rows", "rank", "address", "_memory", "_end", "_posted", "_written")
 
     def __init__(self, memory: mmap.mmap, size: int, rank: int) -> None:
         self._memory = memory
@@ -48,6 +52,7 @@ class NoticeBoard:
         self.address = self.rows.ctypes.data  # where the C replay reads it
         self.rank = rank
         self._end = self.rows.nbytes
+        self._posted = numpy.frombuffer(memory, numpy.int64, 1, offset=self._end)
         self._written = 0
 
     def c_form(self) -> tuple:
@@ -58,12 +63,15 @@ class NoticeBoard:
     def post(self, tag: int, number: int) -> None:
         """This rank left the call numbered `number` (notice tag `tag`)."""
         self.rows[self.rank, self._written % SLOTS] = key(tag, number)
+        self._posted[0] = 1
         self._written += 1
 
     def who_left(self, tag: int, number: int) -> int:
         """A peer that left the call numbered `number` (notice tag `tag`), or -1 where none did."""
-        wanted = _PACK(tag << 32 | number & 0xFFFFFFFF)  # (key, inline: every completed call asks)
         memory, end = self._memory, self._end
+        if not memory[end]:  # no rank ever posted
+            return -1
+        wanted = _PACK(tag << 32 | number & 0xFFFFFFFF)  # (key, inline: every completed call asks)
         found = memory.find(wanted, 0, end)
         while found >= 0:
             peer = found // _ROW_BYTES
@@ -78,7 +86,7 @@ def open_board(comm: MPI.Intracomm) -> NoticeBoard | None:
     /dev/shm that rank 0 makes and removes once every rank has mapped it; None on every rank
     where any rank cannot have it (then calls ask MPI for notices)."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    nbytes = max(size * SLOTS * _KEY_BYTES, mmap.PAGESIZE)
+    nbytes = max((size * SLOTS + 1) * _KEY_BYTES, mmap.PAGESIZE)  # the rows, then `posted`
     path = ""
     if rank == 0:
         path = os.path.join("/dev/shm", f"mpiring-notices-{os.getpid()}-{secrets.token_hex(6)}")
@@ -86,7 +94,7 @@ def open_board(comm: MPI.Intracomm) -> NoticeBoard | None:
             descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
                 os.ftruncate(descriptor, nbytes)
-                os.pwrite(descriptor, numpy.full(nbytes // _KEY_BYTES, _EMPTY, numpy.int64).tobytes(), 0)
+                os.pwrite(descriptor, numpy.full(size * SLOTS, _EMPTY, numpy.int64).tobytes(), 0)  # (the rest: 0)
             finally:
                 os.close(descriptor)
         except OSError:
