@@ -12,7 +12,7 @@ rank wrote; only that rank writes it.
 
     rows, int64 (-1: empty)    rank 0 | key key -1 ... (SLOTS)
                                rank 1 | -1  -1  -1 ...
-    posted, int64              0 until any rank posts (then 1)
+    posted, a byte             0 until any rank posts (then 1)
 
 A rank sets `posted` after it writes its key, so a look finds nothing to search while no rank
 ever left a call: one load on every completed call rather than a search of the rows.
@@ -44,15 +44,14 @@ def key(tag: int, number: int) -> int:
 class NoticeBoard:
     """One communicator's board, mapped in this process (`open_board` makes it)."""
 
-    __slots__ = ("rows", "rank", "address", "_memory", "_end", "_posted", "_written")
+    __slots__ = ("rows", "rank", "address", "_memory", "_end", "_written")
 
     def __init__(self, memory: mmap.mmap, size: int, rank: int) -> None:
         self._memory = memory
         self.rows = numpy.frombuffer(memory, numpy.int64, size * SLOTS).reshape(size, SLOTS)
         self.address = self.rows.ctypes.data  # where the C replay reads it
         self.rank = rank
-        self._end = self.rows.nbytes
-        self._posted = numpy.frombuffer(memory, numpy.int64, 1, offset=self._end)
+        self._end = self.rows.nbytes  # where `posted` is
         self._written = 0
 
     def c_form(self) -> tuple:
@@ -63,7 +62,7 @@ class NoticeBoard:
     def post(self, tag: int, number: int) -> None:
         """This rank left the call numbered `number` (notice tag `tag`)."""
         self.rows[self.rank, self._written % SLOTS] = key(tag, number)
-        self._posted[0] = 1
+        self._memory[self._end] = 1  # posted
         self._written += 1
 
     def who_left(self, tag: int, number: int) -> int:
@@ -86,7 +85,7 @@ def open_board(comm: MPI.Intracomm) -> NoticeBoard | None:
     /dev/shm that rank 0 makes and removes once every rank has mapped it; None on every rank
     where any rank cannot have it (then calls ask MPI for notices)."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    nbytes = max((size * SLOTS + 1) * _KEY_BYTES, mmap.PAGESIZE)  # the rows, then `posted`
+    nbytes = max(size * SLOTS * _KEY_BYTES + 1, mmap.PAGESIZE)  # the rows, then `posted`
     path = ""
     if rank == 0:
         path = os.path.join("/dev/shm", f"mpiring-notices-{os.getpid()}-{secrets.token_hex(6)}")
