@@ -47,6 +47,27 @@ def op_valid(op: str, dtype: np.dtype) -> bool:
     return True
 
 
+def op_cases(world_size: int) -> list[tuple[np.dtype, str]]:
+    """The (dtype, op) pairs the reducing collectives are tested with: every valid pairing (the
+    bitwise and logical ops on BIT_DTYPES, which stand for the other integers) at 1-4 ranks. At 8
+    and more, where the ranks outnumber the cores several times over, each dtype and each op at
+    least once: their handling does not change with the world size, which the smaller runs test
+    in every pairing, while each call there costs many turns on the cores."""
+    cases = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d) and (op not in BIT_OPS or d in BIT_DTYPES)]
+    if world_size < 8:
+        return cases
+    chosen: set[tuple[np.dtype, str]] = set()
+    dtypes: set[np.dtype] = set()
+    ops: set[str] = set()
+    for needed in (2, 1):  # first pairs of a dtype and an op both not yet chosen, then the rest
+        for dtype, op in cases:
+            if (dtype not in dtypes) + (op not in ops) >= needed:
+                chosen.add((dtype, op))
+                dtypes.add(dtype)
+                ops.add(op)
+    return [case for case in cases if case in chosen]
+
+
 def rank_input(seed: int, rank: int, shape, dtype, op: str = "sum") -> np.ndarray:
     """The array `rank` contributes to case `seed`: reproducible on every rank."""
     dtype = np.dtype(dtype)

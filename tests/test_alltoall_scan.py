@@ -10,14 +10,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from oracles import (
-    BIT_DTYPES,
-    BIT_OPS,
     DTYPES,
-    OPS,
     assert_same,
     native_scan,
     numpy_reduce,
-    op_valid,
+    op_cases,
     rank_input,
 )
 
@@ -31,7 +28,7 @@ N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 BIG = 70_001  # float64 elements: past the eager limits, and two segments of the scan chain at p > 2
 SCAN_LENGTHS = (0, 1, N + 1, 37)
-OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d) and (op not in BIT_OPS or d in BIT_DTYPES)]
+OP_CASES = op_cases(N)
 
 
 def _case_id(case) -> str:

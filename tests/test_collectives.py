@@ -7,10 +7,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from oracles import (
-    BIT_DTYPES,
-    BIT_OPS,
     DTYPES,
-    OPS,
     all_inputs,
     assert_barrier_waits_for_all,
     assert_same,
@@ -18,7 +15,7 @@ from oracles import (
     native_op,
     native_supported,
     numpy_reduce,
-    op_valid,
+    op_cases,
     rank_input,
 )
 
@@ -34,8 +31,7 @@ RANK = WORLD.Get_rank()
 BIG = 70_001  # elements: past the MPI libraries' eager limits for every dtype but the 1-byte ones
 LENGTHS = sorted({0, 1, max(N - 1, 0), N, N + 1, 13, 37, BIG})
 ROOTS = sorted({0, N - 1, N // 2})
-# the bitwise and logical ops on a few integer dtypes (they share one ufunc per op)
-OP_CASES = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d) and (op not in BIT_OPS or d in BIT_DTYPES)]
+OP_CASES = op_cases(N)
 
 
 def algorithms(collective: str) -> pytest.MarkDecorator:
