@@ -50,9 +50,9 @@ def op_valid(op: str, dtype: np.dtype) -> bool:
 def op_cases(world_size: int) -> list[tuple[np.dtype, str]]:
     """The (dtype, op) pairs the reducing collectives are tested with: every valid pairing (the
     bitwise and logical ops on BIT_DTYPES, which stand for the other integers) at 1-4 ranks. At 8
-    and more, where the ranks outnumber the cores several times over, each dtype and each op at
-    least once: their handling does not change with the world size, which the smaller runs test
-    in every pairing, while each call there costs many turns on the cores."""
+    and more, each dtype and each op at least once: their handling does not change with the world
+    size, which the smaller runs test in every pairing, while each call of 8 ranks on a CI
+    machine's few cores costs many turns on them."""
     cases = [(d, op) for d in DTYPES for op in OPS if op_valid(op, d) and (op not in BIT_OPS or d in BIT_DTYPES)]
     if world_size < 8:
         return cases

@@ -18,14 +18,14 @@ WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()
 RANK = WORLD.Get_rank()
 LENGTHS = sorted({0, 1, max(N - 1, 0), N + 1, 13, 37, 1001})
+DTYPES = [np.dtype(d) for d in ("float32", "float64", "float16", "int32", "uint8", "complex64", "bool")]
+CASES = [(d, op) for d in DTYPES for op in ("sum", "prod", "max", "avg") if op_valid(op, d)]
 
 
 def lengths(segment_bytes: int) -> list[int]:
     """LENGTHS, less the long one with segments of one element: there it is hundreds of messages
     per step for the segment arithmetic the shorter lengths already cut every way."""
     return [n for n in LENGTHS if segment_bytes > 1 or n <= 37]
-DTYPES = [np.dtype(d) for d in ("float32", "float64", "float16", "int32", "uint8", "complex64", "bool")]
-CASES = [(d, op) for d in DTYPES for op in ("sum", "prod", "max", "avg") if op_valid(op, d)]
 
 
 @pytest.fixture(params=[1, 24, 1000], ids=lambda b: f"segment{b}B")
