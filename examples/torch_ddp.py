@@ -7,6 +7,7 @@ backend and over gloo, or sharded with FSDP over mpiring (docs/pytorch-and-jax.m
     mpirun -n 2 python examples/torch_ddp.py --overlap           # how much all-reduce time backward hides
     mpirun -n 2 python examples/torch_ddp.py --fsdp              # FSDP (fully_shard) on mpiring,
                                                                  # against one process on every rank's batches
+    MPIRING_TORCH_PROGRESS=1 mpirun -n 2 python examples/torch_ddp.py --device gpu    # CUDA tensors (CuPy needed)
 
 Each rank reads other windows of the text (Python's pydoc topics). The runs compared take their
 steps in turn (one step of each, then the next), so other work on a shared machine slows them
@@ -16,6 +17,12 @@ a DDP communication hook times each bucket's all-reduce to completion (which mak
 all-reduces wait as mpiring's do; --default-hook keeps DDP's own hook, untimed, for tokens/s
 alone). Both backends start from the same weights and see the same data, so their losses agree
 to rounding (the two sum in different orders; --dtype float64 makes the difference ~1e-15).
+
+With --device gpu the models and batches live on each rank's GPU (ranks share GPUs round
+robin). DDP then calls its hooks from autograd's device thread, which an mpiring group takes only
+with its progress thread (MPIRING_TORCH_PROGRESS=1). The timings wait for the GPU: the timing
+hook synchronizes before and after each all-reduce, and backward's end is taken after a
+synchronize.
 
 --overlap trains four models in turn: each backend with the timing hook (every all-reduce waited
 for in the hook: nothing overlaps) and with an async hook (DDP's own, plus timestamps: the
@@ -74,7 +81,7 @@ class GPT(torch.nn.Module):
         self.norm, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1]))
+        x = self.tokens(idx) + self.positions(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
@@ -86,23 +93,31 @@ def batches(data: torch.Tensor, args: argparse.Namespace, rank: int, step: int) 
     starts = torch.randint(0, len(data) - args.context - 1, (args.batch,), generator=g)
     x = torch.stack([data[s : s + args.context] for s in starts])
     y = torch.stack([data[s + 1 : s + args.context + 1] for s in starts])
-    return x, y
+    return x.to(args.device), y.to(args.device)
 
 
 def build(args: argparse.Namespace, vocab: int) -> GPT:
     torch.manual_seed(args.seed)
-    return GPT(vocab, args.context, args.width, args.layers, args.heads).to(args.dtype)
+    return GPT(vocab, args.context, args.width, args.layers, args.heads).to(args.device, args.dtype)
 
 
-def timing_hook(group: dist.ProcessGroup, spent: list[float]):  # noqa: ANN201
+def synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that a host clock reads when it is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timing_hook(group: dist.ProcessGroup, spent: list[float], device: torch.device):  # noqa: ANN201
     """A DDP communication hook: the bucket's mean over ranks, timed until it is done."""
     size = group.size()
 
     def hook(state, bucket):  # noqa: ANN001, ANN202 - DDP checks real annotations; this module's are text
-        start = time.perf_counter()
         buffer = bucket.buffer()
+        synchronize(device)  # the bucket's gradients computed: the time is the all-reduce's alone
+        start = time.perf_counter()
         dist.all_reduce(buffer, group=group)
         buffer.div_(size)
+        synchronize(device)
         spent[0] += time.perf_counter() - start
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(buffer)
@@ -135,7 +150,7 @@ class Run:
 
     def __init__(self, net: torch.nn.Module, args: argparse.Namespace, data_of,  # noqa: ANN001
                  log: list[tuple[float, float]] | None = None) -> None:
-        self.net, self.data_of, self.log = net, data_of, log
+        self.net, self.data_of, self.log, self.device = net, data_of, log, args.device
         self.optimizer = torch.optim.AdamW(net.parameters(), lr=args.lr)
         self.losses: list[float] = []
         self.seconds = self.backward_s = self.exposed_s = 0.0
@@ -149,6 +164,7 @@ class Run:
             self.log.clear()
         backward = time.perf_counter()
         loss.backward()
+        synchronize(self.device)
         ended = time.perf_counter()
         self.optimizer.step()
         self.losses.append(loss.item())
@@ -175,11 +191,12 @@ def ddp_runs(args: argparse.Namespace, groups: dict, data: torch.Tensor, vocab: 
     runs, results = [], []
     for name, group in groups.items():
         for hook in hooks:
-            net = torch.nn.parallel.DistributedDataParallel(build(args, vocab), process_group=group,
-                                                            bucket_cap_mb=args.bucket_mb)
+            net = torch.nn.parallel.DistributedDataParallel(
+                build(args, vocab), process_group=group, bucket_cap_mb=args.bucket_mb,
+                device_ids=None if args.device.type == "cpu" else [args.device])
             spent, log = [0.0], [] if hook == "async" else None
             if hook == "timing":
-                net.register_comm_hook(None, timing_hook(group, spent))
+                net.register_comm_hook(None, timing_hook(group, spent, args.device))
             elif hook == "async":
                 net.register_comm_hook(None, async_hook(group, log))
             runs.append(Run(net, args, lambda step: batches(data, args, rank, step), log))
@@ -228,8 +245,8 @@ def fsdp_run(args: argparse.Namespace, data: torch.Tensor, vocab: int) -> None:
     worst = 0.0
     for piece, single in zip(net.parameters(), alone.net.parameters(), strict=True):
         shards = [None] * size
-        dist.all_gather_object(shards, piece.to_local().detach())
-        worst = max(worst, (torch.cat(shards) - single.detach()).abs().max().item())
+        dist.all_gather_object(shards, piece.to_local().detach().cpu())
+        worst = max(worst, (torch.cat(shards) - single.detach().cpu()).abs().max().item())
     if rank == 0:
         tokens = args.steps * args.batch * args.context * size
         print(f"FSDP over mpiring, {size} ranks: loss (mean over ranks) {losses[0]:.4f} -> {losses[-1]:.4f}, "
@@ -252,12 +269,24 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where the models train: gpu puts each rank on a CUDA GPU (mpiring.bind_device; CuPy needed)")
     p.add_argument("--default-hook", action="store_true", help="DDP's own all-reduce hook (not timed)")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's own)")
     p.add_argument("--overlap", action="store_true",
                    help="each backend with the timing hook and an async hook: the all-reduce time backward hides")
     args = p.parse_args()
     args.dtype = getattr(torch, args.dtype)
+    if args.device == "gpu":
+        if not torch.cuda.is_available():
+            p.error("--device gpu: torch finds no CUDA device here")
+        try:
+            args.device = torch.device("cuda", mpiring.bind_device())
+        except ImportError as error:
+            p.error(f"--device gpu needs CuPy ({error}): pip install 'mpiring[gpu]'")
+        torch.cuda.set_device(args.device)
+    else:
+        args.device = torch.device("cpu")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_ranks())))
 
     dist.init_process_group("mpiring")
@@ -274,8 +303,8 @@ def main() -> None:
     runs = ddp_runs(args, {name: group for name, group in groups.items() if args.backend in ("both", name)}, data,
                     len(alphabet))
     if dist.get_rank() == 0:
-        print(f"DDP, {dist.get_world_size()} ranks, {args.batch} x {args.context} tokens per rank per step, "
-              f"{args.steps} timed steps, torch {torch.__version__}, mpiring {mpiring.__version__}")
+        print(f"DDP, {dist.get_world_size()} ranks on {args.device.type}, {args.batch} x {args.context} tokens per "
+              f"rank per step, {args.steps} timed steps, torch {torch.__version__}, mpiring {mpiring.__version__}")
         for run in runs:
             comm = "" if run["comm_s"] is None else (f", all-reduce {run['comm_s']:.2f} s of {run['seconds']:.2f} s "
                                                      f"({100 * run['comm_s'] / run['seconds']:.0f}%)")

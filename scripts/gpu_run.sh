@@ -16,7 +16,9 @@
 # seconds (default 560). Knobs: GPUTEST_SIZES (world sizes of "gputests", default 1 2 4);
 # CHECK_ARGS (extra flags of "check2"/"check4"); CROSSOVER_RANKS, CROSSOVER_IPC,
 # CROSSOVER_HOST_BYTES, CROSSOVER_SIZES ("crossover"); TRAIN_SIZES, TRAIN_STRATEGIES ("train");
-# DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES ("direct"). "repeat4" (MPICH) and "ompi4" (the
+# DIRECT_TEST_SIZES / DIRECT_CHECK_SIZES ("direct"); TORCH_SIZES, TORCH_DDP_SIZES ("torch": the
+# torch backend's tests, DDP on CUDA tensors among them, and examples/torch_ddp.py on the GPU,
+# with the image's PyTorch; not among the default phases). "repeat4" (MPICH) and "ompi4" (the
 # CUDA-aware Open MPI; needs "ompi" first in the same call) run the GPU tests at 4 ranks again and
 # again: MPICH_REPEATS / OMPI_REPEATS times at most (default 5 / 3), within REPEAT4_LIMIT /
 # OMPI4_LIMIT seconds.
@@ -157,6 +159,7 @@ run_phases() {
             crossover) phase crossover 150 "$(declare -f use_mpich); use_mpich; for n in ${CROSSOVER_RANKS:-2}; do for ipc in ${CROSSOVER_IPC:-1 0}; do for hb in ${CROSSOVER_HOST_BYTES:-0 65536}; do echo ranks \$n MPIRING_GPU_IPC=\$ipc MPIRING_GPU_HOST_BYTES=\$hb; MPIRING_GPU_IPC=\$ipc MPIRING_GPU_HOST_BYTES=\$hb mpirun -n \$n python3 -m mpiring.bench --device gpu -c allreduce ${CROSSOVER_SIZES:--b 8 -e 4M -f 8} -n 20 --reps 3 -w 5 --json $OUT/crossover-\$n-ipc\$ipc-host\$hb.json; done; done; done" ;;
             repeat4) phase repeat4 "${REPEAT4_LIMIT:-560}" "$(declare -f use_mpich repeat_tests); use_mpich; repeat_tests mpich ${MPICH_REPEATS:-5} $GPU_TESTS" ;;
             ompi4) phase ompi4 "${OMPI4_LIMIT:-560}" "$(declare -f with_ompi wait_ompi repeat_tests); wait_ompi && with_ompi && repeat_tests ompi ${OMPI_REPEATS:-3} tests/test_gpu.py" ;;
+            torch) phase torch 400 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --no-serial --test-timeout 150 --sizes ${TORCH_SIZES:-1 2 4} -- tests/test_torch_backend.py; for n in ${TORCH_DDP_SIZES:-2 4}; do MPIRING_TORCH_PROGRESS=1 mpirun -n \$n python3 examples/torch_ddp.py --device gpu --overlap --steps 10 --width 256 --bucket-mb 1 || echo FAIL ddp \$n; done" ;;
             suite) phase suite 400 "$(declare -f use_mpich); use_mpich; python3 tests/run_world_sizes.py --sizes 1 2 4 -- -k 'not slurm'" ;;
             build) phase build 60 "python3 setup.py -q build_ext --inplace && ls mpiring/engine/" ;;
             check2) phase check2 120 "$(declare -f use_mpich); use_mpich; mpirun -n 2 python3 -m mpiring.gpu.check ${CHECK_ARGS:-} --json $OUT/check2.json" ;;

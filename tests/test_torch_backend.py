@@ -397,23 +397,46 @@ def train(net: torch.nn.Module, steps: int, data) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("bucket_mb", [25.0, 0.0001])  # DDP's default; a bucket per layer, several in flight
-def test_ddp_losses_equal_gloos(gloo, group, bucket_mb):
-    """DDP's own hook: its buckets' all-reduces are async calls (with a progress thread, going on
-    behind the backward pass)."""
+def ddp_equals_gloo(group, gloo, bucket_mb: float, device: torch.device) -> None:
+    """DDP on `group` and on gloo from the same weights and data: the same losses, and the same
+    parameters on every rank."""
+    ids = None if device.type == "cpu" else [device]
+
+    def data(step: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in batch(step, RANK))
+
+    def ddp(net: torch.nn.Module, on) -> torch.nn.Module:  # noqa: ANN001
+        return torch.nn.parallel.DistributedDataParallel(net.to(device), device_ids=ids, process_group=on,
+                                                         bucket_cap_mb=bucket_mb)
+
     net = model(5)
-    on_mpiring = train(torch.nn.parallel.DistributedDataParallel(net, process_group=group, bucket_cap_mb=bucket_mb),
-                       6, lambda s: batch(s, RANK))
-    on_gloo = train(torch.nn.parallel.DistributedDataParallel(model(5), process_group=gloo, bucket_cap_mb=bucket_mb),
-                    6, lambda s: batch(s, RANK))
+    on_mpiring = train(ddp(net, group), 6, data)
+    on_gloo = train(ddp(model(5), gloo), 6, data)
     # float64, summed in different orders by the two backends: equal to rounding
     np.testing.assert_allclose(on_mpiring, on_gloo, rtol=1e-12, atol=0)
     # every rank saw other data, yet holds the same parameters: the gradients were averaged
-    first = next(net.parameters()).detach().numpy()
+    first = next(net.parameters()).detach().cpu().numpy()
     everyone = [None] * N
     dist.all_gather_object(everyone, first)
     for theirs in everyone:
         np.testing.assert_array_equal(theirs, first)
+
+
+@pytest.mark.parametrize("bucket_mb", [25.0, 0.0001])  # DDP's default; a bucket per layer, several in flight
+def test_ddp_losses_equal_gloos(gloo, group, bucket_mb):
+    """DDP's own hook: its buckets' all-reduces are async calls (with a progress thread, going on
+    behind the backward pass)."""
+    ddp_equals_gloo(group, gloo, bucket_mb, torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("bucket_mb", [25.0, 0.0001])
+def test_ddp_on_cuda_tensors_equals_gloo(gloo, threaded, bucket_mb):
+    """On CUDA tensors DDP calls its hooks from autograd's device thread: a group with a progress
+    thread (MPIRING_TORCH_PROGRESS=1) runs them there, and CuPy carries the tensors."""
+    device = torch.device("cuda", mpiring.bind_device(WORLD))
+    torch.cuda.set_device(device)
+    ddp_equals_gloo(threaded, gloo, bucket_mb, device)
 
 
 def test_fsdp_parameters_equal_a_one_process_run():
