@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from mpiring import cli
+from mpiring import cli, selection
 from mpiring import cost_model as cm
+from mpiring.cost_model.calibration import _fit
 
 SLOW = cm.FABRICS["emulated-1g"]
 FAST = cm.FABRICS["ib200"]
@@ -43,7 +44,7 @@ def test_node_lanes_with_ring_lanes_is_the_multi_lane_sketch():
     """N nodes of k ranks, a large message (the lanes run the ring): the intra-node reduce-scatter
     and all-gather, plus a ring over N nodes of n/k bytes with k lanes sharing each link."""
     nodes, k, n = 16, 4, 64 << 20
-    assert cm.flat_choice("allreduce", n // k, nodes) == "ring"
+    assert selection.flat_choice("allreduce", n // k, nodes) == "ring"
     a, e, g = SLOW.intra, SLOW.inter, SLOW.gamma
     want = (2 * (k - 1) * (a.alpha + n / k * a.beta) + (k - 1) / k * n * g
             + 2 * (nodes - 1) * (e.alpha + n / nodes * e.beta) + (nodes - 1) / nodes * n / k * g)
@@ -62,7 +63,7 @@ def test_node_lanes_crosses_the_least_an_allreduce_can(nodes, k, nbytes):
     """Where the lanes run a bandwidth-optimal all-reduce, each node's link carries 2(N-1)/N n;
     the flat ring (2(Nk-1)/(Nk) n) and the flat scattered all-reduce carry more."""
     lanes = cm.bytes_crossing("allreduce", "node_lanes", nbytes, nodes, k)
-    choice = cm.flat_choice("allreduce", nbytes // k, nodes)
+    choice = selection.flat_choice("allreduce", nbytes // k, nodes)
     if choice == "recursive_doubling":  # small shares: lg N whole shares per lane, latency first
         pytest.skip(f"{nbytes // k} B shares on {nodes} nodes run recursive doubling")
     if choice != "rabenseifner" or nodes & (nodes - 1) == 0:  # Rabenseifner folds 3 nodes
@@ -125,7 +126,7 @@ def test_fabric_save_load_round_trip(tmp_path, monkeypatch):
 
 def test_the_fit_recovers_a_link():
     sizes = cm.CALIBRATION_SIZES
-    link = cm._fit(sizes, [2e-6 + s * 1e-10 for s in sizes])
+    link = _fit(sizes, [2e-6 + s * 1e-10 for s in sizes])
     assert link.alpha == pytest.approx(2e-6, rel=1e-6) and link.beta == pytest.approx(1e-10, rel=1e-6)
 
 
@@ -135,7 +136,7 @@ def test_the_fit_takes_the_sustained_rate_past_a_burst():
     sizes = cm.CALIBRATION_SIZES
     burst, rate = 256_000, 125e6
     seconds = [10e-6 + s / 5e9 + max(s - burst, 0) / rate for s in sizes]
-    assert cm._fit(sizes, seconds).beta == pytest.approx(1 / rate + 1 / 5e9, rel=0.01)
+    assert _fit(sizes, seconds).beta == pytest.approx(1 / rate + 1 / 5e9, rel=0.01)
 
 
 def test_the_predict_command_prints_a_table():
@@ -160,7 +161,6 @@ def test_mpiring_model_runs_the_cost_model(capsys, tmp_path):
 def test_switch_points_from_the_model_are_a_file_auto_takes(tmp_path, monkeypatch):
     """`switch-points` writes the model's winners as a MPIRING_SWITCH_POINTS file: a node-aware table
     on nodes of several ranks, a table of flat algorithms across nodes of one rank, both accepted."""
-    from mpiring import selection
     from mpiring.topology import NodeMap
 
     path = tmp_path / "points.json"

@@ -484,7 +484,7 @@ def test_each_measurements_section_names_its_commit():
 
 
 # Source files whose figures are settings of the code or published parameters with their source.
-SETTINGS_FILES = {"mpiring/cost_model.py", "mpiring/engine/waiting.py", "mpiring/cluster/network.py",
+SETTINGS_FILES = {"mpiring/cost_model/fabric.py", "mpiring/engine/waiting.py", "mpiring/cluster/network.py",
                   "mpiring/consistency.py", "scripts/build_api_docs.py"}
 
 
