@@ -63,6 +63,11 @@ class Communicator:
     collective first compare a fingerprint of its call across the ranks and raise
     `CollectiveMismatchError` on every rank where they differ (see mpiring.consistency).
 
+    `busy_poll` (default from the MPIRING_BUSY_POLL environment variable, else on where the
+    machine has a core for each of its ranks) makes waits test again and again without offering
+    the core between tests; off, a wait offers it to other runnable work. A communicator called
+    from a helper thread beside a busy one (a torch process group's progress thread) wants it off.
+
     `survive` (default from the MPIRING_SURVIVE environment variable, else off) makes the
     communicator survive a lost rank (docs/lost-rank.md): it watches its peers, every survivor's
     wait ends with `RankLostError` within a fraction of a second of a loss, and `revoke()`,
@@ -74,7 +79,7 @@ class Communicator:
     """
 
     def __init__(self, comm: MPI.Intracomm | None = None, *, timeout: float | None = None,
-                 check: bool | None = None, survive: bool | None = None) -> None:
+                 check: bool | None = None, survive: bool | None = None, busy_poll: bool | None = None) -> None:
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise ArgumentError("Communicator", "comm", f"must be an mpi4py intracommunicator, got {base!r}")
@@ -91,7 +96,8 @@ class Communicator:
         self._mpi = base
         self._ring = private_ring(base)
         self._ring.describe = identity.describe
-        self._ring.read_settings()
+        self._ring.read_settings(busy_poll)
+        self._busy_poll = busy_poll  # (as given: shrink passes it on)
         if surviving:
             survival.watch(self._ring)
         builders = {name: getattr(self, "_" + name) for name in CATALOGUE}  # _allreduce and the like, below
@@ -141,17 +147,18 @@ class Communicator:
     def shrink(self) -> Communicator:
         """A new Communicator of the live ranks, in the same order, every survivor agreeing on who
         they are (ULFM's MPI_Comm_shrink; collective over the survivors). A rank lost while it
-        runs is left out too. The new communicator has this one's timeout, check and survival. Where
+        runs is left out too. The new communicator has this one's timeout, check, survival and
+        busy_poll. Where
         MPI does not make it within the timeout, CommunicationError.
         Without survival, no rank can be known lost: a new communicator of the same ranks."""
         check = self._engine.check is not None
         timeout = math.inf if self.timeout is None else self.timeout
         liveness = self._ring.liveness
         if liveness is None:
-            return type(self)(self._mpi, timeout=timeout, check=check)
+            return type(self)(self._mpi, timeout=timeout, check=check, busy_poll=self._busy_poll)
         self._ring.claim("shrink")
-        return survival.shrink(liveness, self._ring.comm,
-                               lambda comm: type(self)(comm, timeout=timeout, check=check, survive=True), timeout)
+        return survival.shrink(liveness, self._ring.comm, lambda comm: type(self)(
+            comm, timeout=timeout, check=check, survive=True, busy_poll=self._busy_poll), timeout)
 
     def acknowledge_lost(self) -> int:
         """Acknowledge the ranks lost so far (ULFM's MPI_Comm_ack_failed); returns how many."""

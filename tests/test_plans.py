@@ -726,6 +726,19 @@ def test_busy_polling_waits_as_long_and_gives_the_same_results(monkeypatch, busy
             assert plan.compiled.busy is busy
 
 
+def test_the_communicators_own_busy_poll_comes_before_the_variable(monkeypatch):
+    """Communicator(busy_poll=...) decides over MPIRING_BUSY_POLL, and shrink() passes it on."""
+    for variable in ("1", "0"):
+        monkeypatch.setenv("MPIRING_BUSY_POLL", variable)
+        for busy in (True, False):
+            with mpiring.Communicator(busy_poll=busy) as comm:
+                assert comm._ring.busy_poll is busy
+                with comm.shrink() as again:
+                    assert again._ring.busy_poll is busy
+        with mpiring.Communicator() as comm:
+            assert comm._ring.busy_poll is (variable == "1")
+
+
 def test_a_node_short_of_cores_offers_them(monkeypatch):
     """Without MPIRING_BUSY_POLL, waits spin only where the CPUs the node's ranks may use,
     together, are at least as many as the ranks, or where the MPI library offers the core in

@@ -271,6 +271,23 @@ def group(request):
     return request.getfixturevalue("threaded") if request.param == "threaded" else dist.group.WORLD
 
 
+def test_a_progress_thread_offers_the_core_while_it_waits(threaded):
+    """The thread waits beside the caller's own work: its communicator's waits offer the core
+    unless MPIRING_BUSY_POLL says otherwise; a group without the thread keeps the default."""
+    assert threaded.comm._ring.busy_poll is False
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MPIRING_TORCH_PROGRESS", "1")
+        patch.setenv("MPIRING_BUSY_POLL", "1")
+        spinning = dist.new_group(backend="mpiring")
+        patch.setenv("MPIRING_TORCH_PROGRESS", "0")
+        patch.delenv("MPIRING_BUSY_POLL")
+        plain = dist.new_group(backend="mpiring")
+    assert spinning.progress.threaded and spinning.comm._ring.busy_poll is True
+    assert not plain.progress.threaded and plain.comm._ring.busy_poll is plain.comm._ring.core_per_rank
+    for group in (spinning, plain):
+        dist.destroy_process_group(group)
+
+
 def test_async_futures_complete_while_the_caller_works(threaded):
     t = tensor(50, (1 << 16,), "float32")
     work = dist.all_reduce(t, async_op=True, group=threaded)

@@ -156,13 +156,14 @@ class Ring:
         pipeline take turns on the cores, so splitting a message only adds steps."""
         return take_turns(self, range(self.size))
 
-    def read_settings(self) -> None:
+    def read_settings(self, busy_poll: bool | None = None) -> None:
         """What MPIRING_SCRATCH_BYTES, MPIRING_INFLIGHT_BYTES, MPIRING_BUSY_POLL and
         MPIRING_PERSISTENT_SENDS set (docs/environment.md), each with its default where unset
-        (busy polling's: `core_per_rank`)."""
+        (busy polling's: `core_per_rank`); `busy_poll`, the Communicator's own, comes first."""
         self.scratch_pool.limit = environment.positive_int("MPIRING_SCRATCH_BYTES", "Communicator") or POOL_BYTES
         self.in_flight_bytes = environment.positive_int("MPIRING_INFLIGHT_BYTES", "Communicator") or IN_FLIGHT_BYTES
-        busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
+        if busy_poll is None:
+            busy_poll = environment.flag("MPIRING_BUSY_POLL", "Communicator")
         self.busy_poll = self.core_per_rank if busy_poll is None else busy_poll
         persistent_sends = environment.flag("MPIRING_PERSISTENT_SENDS", "Communicator")
         self.persistent_sends = persistent_sends_suit() if persistent_sends is None else persistent_sends

@@ -10,7 +10,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpiring
+from mpiring import environment
 from mpiring.torch.process_group import ProcessGroupMpiring
+from mpiring.torch.progress import wanted
 from mpiring.torch.rendezvous import survivors_store
 
 BACKEND = "mpiring"
@@ -29,6 +31,10 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpiring:
     world = _world
     ranks = list(options.global_ranks_in_group)
     timeout = options.timeout.total_seconds() if options.timeout is not None else None
+    # A progress thread waits beside the caller's own work (the backward pass): spinning would take
+    # the core that work computes on, so its waits offer it, unless MPIRING_BUSY_POLL says otherwise.
+    threaded = wanted()
+    busy_poll = False if threaded and environment.flag("MPIRING_BUSY_POLL", "mpiring.torch") is None else None
     if not ranks:  # the default group: torch's world must be MPI's (or the survivors')
         if options.group_size != world.Get_size() or options.group_rank != world.Get_rank():
             raise RuntimeError(
@@ -36,7 +42,7 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpiring:
                 f"MPI's (rank {world.Get_rank()} of {world.Get_size()}): start the ranks with mpirun (or srun), "
                 "which makes them one MPI job, and leave RANK and WORLD_SIZE unset or equal to MPI's")
         # after shrink_process_group, the survivors' communicator is made already
-        comm = _shrunk if _shrunk is not None else mpiring.Communicator(world, timeout=timeout)
+        comm = _shrunk if _shrunk is not None else mpiring.Communicator(world, timeout=timeout, busy_poll=busy_poll)
         _shrunk = None
     else:
         group = world.Get_group().Incl(ranks)
@@ -45,8 +51,8 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpiring:
         if base.Get_rank() != options.group_rank:
             raise RuntimeError(f"mpiring: torch.distributed's rank {options.group_rank} in this group is MPI's "
                                f"{base.Get_rank()}")
-        comm = mpiring.Communicator(base, timeout=timeout)
-    made = ProcessGroupMpiring(comm)
+        comm = mpiring.Communicator(base, timeout=timeout, busy_poll=busy_poll)
+    made = ProcessGroupMpiring(comm, threaded)
     _groups.add(made)
     return made
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import mpiring
-from mpiring.torch.progress import Progress, wanted
+from mpiring.torch.progress import Progress
 from mpiring.torch.tensors import view
 from mpiring.torch.work import Work, of_mpi
 
@@ -51,12 +51,13 @@ def _op(op: Any) -> str:
 
 class ProcessGroupMpiring(dist.ProcessGroup):
     """torch.distributed on mpiring's collectives: made by `dist.init_process_group("mpiring")`
-    (or `dist.new_group(..., backend="mpiring")`) once `mpiring.torch` is imported."""
+    (or `dist.new_group(..., backend="mpiring")`) once `mpiring.torch` is imported; `threaded`:
+    its collectives run on a progress thread (MPIRING_TORCH_PROGRESS=1, mpiring.torch.progress)."""
 
-    def __init__(self, comm: mpiring.Communicator) -> None:
+    def __init__(self, comm: mpiring.Communicator, threaded: bool) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm  # the mpiring Communicator this group runs on: only its progress thread (if any) calls it
-        self.progress = Progress(f"mpiring.torch progress {id(self):x}", threaded=wanted())
+        self.progress = Progress(f"mpiring.torch progress {id(self):x}", threaded=threaded)
         self._p2p = comm.mpi.Dup()  # send/recv: their own context, apart from the caller's and mpiring's
         self._group_name = ""
         self._group_desc = ""
