@@ -110,7 +110,9 @@ class ProcessGroupMpiring(dist.ProcessGroup):
              finish: Callable[[], None] | None = None, keep: Any = None) -> Work:
         """One mpiring call (then `finish`, copying a result out of a temporary) on the progress
         thread: waited for here unless the caller asked for async_op, else a Work over its future.
-        `keep` (temporaries the call reads or writes) lives as long as the job and the Work."""
+        `keep` (temporaries the call reads or writes) lives as long as the job and the Work.
+        Without the thread the call runs here at once, and its Work holds a future only where an
+        async_op call failed (a torch Future per call costs more than a small call itself)."""
         call = getattr(self.comm, collective)
 
         def job() -> None:
@@ -118,6 +120,17 @@ class ProcessGroupMpiring(dist.ProcessGroup):
             if finish is not None:
                 finish()
 
+        if not self.progress.threaded:
+            self.progress.check_open()
+            try:
+                job()
+            except Exception as error:
+                if not getattr(opts, "asyncOp", True):
+                    raise
+                failed: torch.futures.Future = torch.futures.Future()
+                failed.set_exception(error)
+                return Work(outputs, failed)
+            return Work(outputs)
         future = self.progress.submit(job, outputs)
         if getattr(opts, "asyncOp", True):
             work = Work(outputs, future)

@@ -68,13 +68,17 @@ class Progress:
         jobs, which could then run in another order on another rank."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
-            if self.closed:
-                raise RuntimeError("mpiring: this process group was shut down (destroy_process_group)")
+            self.check_open()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._jobs.put((job, result, future))
                 return future
         _complete(job, result, future)
         return future
+
+    def check_open(self) -> None:
+        """Raise RuntimeError once the group was shut down."""
+        if self.closed:
+            raise RuntimeError("mpiring: this process group was shut down (destroy_process_group)")
 
     def call(self, job: Callable[[], Any]) -> Any:
         """Run `job` in its turn and return its value (or raise its exception) here."""
