@@ -271,21 +271,32 @@ def group(request):
     return request.getfixturevalue("threaded") if request.param == "threaded" else dist.group.WORLD
 
 
-def test_a_progress_thread_offers_the_core_while_it_waits(threaded):
-    """The thread waits beside the caller's own work: its communicator's waits offer the core
-    unless MPIRING_BUSY_POLL says otherwise; a group without the thread keeps the default."""
-    assert threaded.comm._ring.busy_poll is False
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MPIRING_TORCH_PROGRESS", "1")
-        patch.setenv("MPIRING_BUSY_POLL", "1")
-        spinning = dist.new_group(backend="mpiring")
-        patch.setenv("MPIRING_TORCH_PROGRESS", "0")
-        patch.delenv("MPIRING_BUSY_POLL")
-        plain = dist.new_group(backend="mpiring")
-    assert spinning.progress.threaded and spinning.comm._ring.busy_poll is True
-    assert not plain.progress.threaded and plain.comm._ring.busy_poll is plain.comm._ring.core_per_rank
-    for group in (spinning, plain):
-        dist.destroy_process_group(group)
+def test_a_progress_thread_offers_the_core_unless_the_rank_has_two(monkeypatch):
+    """The thread waits beside the caller's own work: its waits offer the core unless this rank has
+    two cores (one for that work, one for the thread) or MPIRING_BUSY_POLL says otherwise; a group
+    without the thread keeps the communicator's default."""
+    from mpiring.torch import factory
+
+    def group(progress: str, cores: int, busy_poll: str | None = None):  # noqa: ANN202
+        monkeypatch.setenv("MPIRING_TORCH_PROGRESS", progress)
+        monkeypatch.setattr(factory.os, "sched_getaffinity", lambda _: set(range(cores)))
+        if busy_poll is None:
+            monkeypatch.delenv("MPIRING_BUSY_POLL", raising=False)
+        else:
+            monkeypatch.setenv("MPIRING_BUSY_POLL", busy_poll)
+        made = dist.new_group(backend="mpiring")
+        spins = made.comm._ring.busy_poll
+        default = made.comm._ring.core_per_rank
+        dist.destroy_process_group(made)
+        return spins, default
+
+    local = max(1, factory.local_ranks())
+    assert group("1", 2 * local - 1)[0] is False
+    spins, default = group("1", 2 * local)
+    assert spins is default
+    assert group("1", 1, busy_poll="1")[0] is True
+    spins, default = group("0", 1)
+    assert spins is default
 
 
 def test_async_futures_complete_while_the_caller_works(threaded):

@@ -3,6 +3,7 @@ and makes the default group again on the survivors of a lost rank (`shrink_proce
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -11,6 +12,7 @@ from mpi4py import MPI
 
 import mpiring
 from mpiring import environment
+from mpiring.launch import local_ranks
 from mpiring.torch.process_group import ProcessGroupMpiring
 from mpiring.torch.progress import wanted
 from mpiring.torch.rendezvous import survivors_store
@@ -31,10 +33,8 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpiring:
     world = _world
     ranks = list(options.global_ranks_in_group)
     timeout = options.timeout.total_seconds() if options.timeout is not None else None
-    # A progress thread waits beside the caller's own work (the backward pass): spinning would take
-    # the core that work computes on, so its waits offer it, unless MPIRING_BUSY_POLL says otherwise.
     threaded = wanted()
-    busy_poll = False if threaded and environment.flag("MPIRING_BUSY_POLL", "mpiring.torch") is None else None
+    busy_poll = False if threaded and not _cores_for_a_spinning_thread() else None
     if not ranks:  # the default group: torch's world must be MPI's (or the survivors')
         if options.group_size != world.Get_size() or options.group_rank != world.Get_rank():
             raise RuntimeError(
@@ -55,6 +55,17 @@ def create(options: Any, backend_options: Any = None) -> ProcessGroupMpiring:
     made = ProcessGroupMpiring(comm, threaded)
     _groups.add(made)
     return made
+
+
+def _cores_for_a_spinning_thread() -> bool:
+    """Whether a progress thread's waits may spin: MPIRING_BUSY_POLL where set, else where this
+    rank has two cores of its machine (as the launcher counts its ranks there), one for the
+    caller's own work (the backward pass) and one for the thread. With fewer, spinning would take
+    the core that work computes on, so the waits offer it."""
+    setting = environment.flag("MPIRING_BUSY_POLL", "mpiring.torch")
+    if setting is not None:
+        return setting
+    return len(os.sched_getaffinity(0)) >= 2 * max(1, local_ranks())
 
 
 def shrink_process_group() -> dist.ProcessGroup:

@@ -7,9 +7,9 @@ expects async_op=True calls to go on by themselves. So every collective of a gro
 handed to the group's own thread through one FIFO queue: the thread runs them one by one, in
 the order they were issued (the same on every rank, as every rank issues the same calls), and
 completes each job's torch Future with its result or its exception. Idle, the thread blocks on
-the queue; while a job runs, its waits offer the core between tests (the group's Communicator is
-made with busy_poll=False unless MPIRING_BUSY_POLL is set, mpiring.torch.factory): it shares the
-rank's cores with the caller's own work.
+the queue; while a job runs, its waits offer the core between tests unless the rank has two
+cores or MPIRING_BUSY_POLL says otherwise (mpiring.torch.factory): it shares the rank's cores
+with the caller's own work.
 
 The thread is opt-in (`MPIRING_TORCH_PROGRESS=1`, read when a group is made): on a machine with
 a core per rank it hid no all-reduce time (the all-reduce's copies and sums need the core the
