@@ -148,8 +148,7 @@ class Communicator:
         """A new Communicator of the live ranks, in the same order, every survivor agreeing on who
         they are (ULFM's MPI_Comm_shrink; collective over the survivors). A rank lost while it
         runs is left out too. The new communicator has this one's timeout, check, survival and
-        busy_poll. Where
-        MPI does not make it within the timeout, CommunicationError.
+        busy_poll. Where MPI does not make it within the timeout, CommunicationError.
         Without survival, no rank can be known lost: a new communicator of the same ranks."""
         check = self._engine.check is not None
         timeout = math.inf if self.timeout is None else self.timeout

@@ -12,11 +12,11 @@ cores or MPIRING_BUSY_POLL says otherwise (mpiring.torch.factory): it shares the
 with the caller's own work.
 
 The thread is opt-in (`MPIRING_TORCH_PROGRESS=1`, read when a group is made): on a machine with
-a core per rank it hid no all-reduce time (the all-reduce's copies and sums need the core the
-backward pass computes on) and each blocking call pays the hand-over to the thread
-(docs/pytorch-and-jax.md, section 3). Without it the jobs run in the calling thread at once: the
-futures are done when the call returns, nothing overlaps, and a group takes calls from one
-thread only (mpiring's ConcurrentUseError).
+a core per rank it hid less all-reduce time than gloo's threads do (the all-reduce's copies and
+sums need the core the backward pass computes on), and each blocking call pays the hand-over to
+the thread (docs/pytorch-and-jax.md, section 3). Without it the calls run in the calling thread
+at once (ProcessGroupMpiring._run): nothing overlaps, and a group takes calls from one thread
+only (mpiring's ConcurrentUseError).
 """
 
 from __future__ import annotations
